@@ -1,0 +1,41 @@
+"""specdec: speculative decoding research framework.
+
+    import specdec
+    out = specdec.generate(target, input_ids, draft=draft, strategy="speculative", k=4, max_new_tokens=32)
+    out.tokens, out.stats.acceptance_rate, out.stats.mean_accepted_length
+"""
+
+from specdec.api import generate
+from specdec.decode import Decoder, GenerationOutput, NonFiniteLogitsError, StepOutcome
+from specdec.drafters import Drafter, ModelDrafter, NoDrafter
+from specdec.policies import DraftLengthPolicy, FixedLength
+from specdec.sampling import SamplingConfig, logits_to_probs
+from specdec.stats import DecodeStats, RowStats, predicted_speedup
+from specdec.strategies import STRATEGIES, Greedy, Speculative, TopK, Typical, make_strategy
+from specdec.types import Proposal, Verdict
+
+__all__ = [
+    "generate",
+    "Decoder",
+    "GenerationOutput",
+    "NonFiniteLogitsError",
+    "StepOutcome",
+    "Drafter",
+    "ModelDrafter",
+    "NoDrafter",
+    "DraftLengthPolicy",
+    "FixedLength",
+    "SamplingConfig",
+    "logits_to_probs",
+    "DecodeStats",
+    "RowStats",
+    "predicted_speedup",
+    "STRATEGIES",
+    "Greedy",
+    "Speculative",
+    "TopK",
+    "Typical",
+    "make_strategy",
+    "Proposal",
+    "Verdict",
+]

@@ -1,0 +1,78 @@
+"""``specdec.generate``: the front door. Builds a ``Decoder`` from plain arguments, validating them first."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.decode import Decoder, GenerationOutput
+from specdec.drafters import Drafter, ModelDrafter
+from specdec.policies import DraftLengthPolicy, FixedLength
+from specdec.sampling import SamplingConfig
+from specdec.strategies import AcceptanceStrategy, make_strategy
+
+
+def generate(
+    target: torch.nn.Module,
+    input_ids: torch.Tensor,
+    draft: torch.nn.Module | Drafter | None = None,
+    attention_mask: torch.Tensor | None = None,
+    strategy: str | AcceptanceStrategy = "speculative",
+    k: int = 4,
+    max_new_tokens: int = 32,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | list[int] | None = None,
+    seed: int = 0,
+    *,
+    min_p: float | None = None,
+    draft_length: DraftLengthPolicy | None = None,
+) -> GenerationOutput:
+    """Generate up to ``max_new_tokens`` per row with ``target``, drafted by ``draft`` (None: autoregressive).
+
+    ``draft`` is a causal LM sharing the target's vocabulary, or any object with the ``Drafter`` interface.
+    ``input_ids`` [B, T] may be left-padded, with ``attention_mask`` zeros on the padding. Temperature 0 is
+    greedy. ``draft_length`` overrides the fixed ``k`` with a policy. Randomness comes only from ``seed``.
+    """
+    sampling = SamplingConfig(temperature, top_k, top_p, min_p)
+    acceptance = make_strategy(strategy)
+    policy = draft_length if draft_length is not None else FixedLength(k)
+    check_model("target", target)
+    drafter = as_drafter(draft, target)
+    check_device("input_ids", input_ids, target)
+    if attention_mask is not None:
+        check_device("attention_mask", attention_mask, target)
+    decoder = Decoder(target, drafter, acceptance, policy, sampling)
+    return decoder.generate(input_ids, attention_mask, max_new_tokens, eos_token_id, seed)
+
+
+def as_drafter(draft: torch.nn.Module | Drafter | None, target: torch.nn.Module) -> Drafter | None:
+    """A causal LM becomes a ``ModelDrafter`` after checking it can draft for ``target``."""
+    if draft is None or not isinstance(draft, torch.nn.Module):
+        if draft is not None and not all(hasattr(draft, m) for m in ("start", "propose", "commit")):
+            raise TypeError(f"draft must be a causal LM, a Drafter, or None; got {type(draft).__name__}")
+        return draft
+    check_model("draft", draft)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(
+            f"draft and target must share a vocabulary: draft vocab_size={draft.config.vocab_size}, "
+            f"target vocab_size={target.config.vocab_size}"
+        )
+    draft_device, target_device = model_device(draft), model_device(target)
+    if draft_device != target_device:
+        raise ValueError(f"draft is on {draft_device} but target on {target_device}; put both on one device")
+    return ModelDrafter(draft)
+
+
+def check_model(role: str, model: object) -> None:
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise TypeError(f"{role} must be a transformers causal LM (torch.nn.Module with a config), got {type(model).__name__}")
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def check_device(name: str, tensor: object, target: torch.nn.Module) -> None:
+    if isinstance(tensor, torch.Tensor) and tensor.device != model_device(target):
+        raise ValueError(f"{name} is on {tensor.device} but the target model on {model_device(target)}")

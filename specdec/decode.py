@@ -1,0 +1,370 @@
+"""The one cached decode loop, shared by speculative decoding and the autoregressive baseline.
+
+Each step: the drafter proposes k tokens; the target scores the last emitted token and the k drafts in one
+forward pass; the acceptance strategy keeps n of them and picks the next token; the target cache (owned here)
+and the draft cache (owned by the drafter) roll back to the kept prefix. With ``NoDrafter`` k is always 0 and the
+step is a plain decode step, so baseline and speculative runs share every cost but speculation.
+
+One host sync per step: a handful of scalars that decide termination, rollback lengths and the next k.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specdec.cache import KVCache
+from specdec.drafters import Drafter, NoDrafter
+from specdec.policies import DraftLengthPolicy, FixedLength
+from specdec.sampling import SamplingConfig, logits_to_probs, one_hot_probs
+from specdec.stats import DecodeStats, RowStats
+from specdec.strategies import AcceptanceStrategy, Greedy, Speculative
+from specdec.types import Proposal
+
+
+class NonFiniteLogitsError(FloatingPointError):
+    """A model produced NaN or inf logits: any token chosen from them would be meaningless."""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one step decided, for drafters and policies to learn from."""
+
+    k: int  # drafts proposed this step
+    num_accepted: torch.Tensor  # [B] drafts kept per row
+    next_token: torch.Tensor  # [B] token emitted after the kept drafts
+    new_tokens: torch.Tensor  # [B, k+1] kept drafts then next_token; only the first num_new are real
+    num_new: torch.Tensor  # [B] tokens emitted this step (0 for rows already finished)
+    active: torch.Tensor  # [B] bool, rows still generating during this step
+    max_accepted: int  # host copies over active rows
+    min_accepted: int
+    draft_seconds: float
+    target_seconds: float
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    tokens: list[list[int]]  # new tokens of each row, up to and including EOS
+    stats: DecodeStats
+
+
+class Clock:
+    """Wall clock that waits for queued device work first, so GPU phases are timed where they run."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.device.type == "mps":
+            torch.mps.synchronize()
+        return time.perf_counter()
+
+
+def context_limit(model: torch.nn.Module) -> int | None:
+    """Largest number of positions the model can attend over, if its config says."""
+    config = model.config
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+class RowCounters:
+    """Per-row statistics accumulated on the device, read once at the end."""
+
+    def __init__(self, batch_size: int, k_max: int, device: torch.device):
+        zeros = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=device)  # noqa: E731
+        self.drafted, self.accepted, self.target_calls = zeros(batch_size), zeros(batch_size), zeros(batch_size)
+        self.position_attempts, self.position_accepts = zeros(batch_size, k_max), zeros(batch_size, k_max)
+        self.overlap_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.overlap_count = zeros(())
+
+    def add(self, k: int, num_accepted: torch.Tensor, active: torch.Tensor, overlap: torch.Tensor | None) -> None:
+        """Count one step; ``overlap`` [B, k] is sum_x min(q, p) per draft position, if distributions exist."""
+        live = active.long()  # [B]
+        self.drafted += k * live
+        self.accepted += num_accepted * live
+        self.target_calls += live
+        if k == 0:
+            return
+        position = torch.arange(k, device=live.device)  # [k]
+        attempted = (num_accepted.unsqueeze(1) >= position) & active.unsqueeze(1)  # [B, k]
+        self.position_attempts[:, :k] += attempted.long()
+        self.position_accepts[:, :k] += ((num_accepted.unsqueeze(1) > position) & active.unsqueeze(1)).long()
+        if overlap is not None:
+            self.overlap_sum += (overlap * attempted).sum()
+            self.overlap_count += attempted.sum()
+
+    def rows(self, emitted: torch.Tensor) -> list[RowStats]:
+        columns = zip(
+            emitted.tolist(),
+            self.drafted.tolist(),
+            self.accepted.tolist(),
+            self.target_calls.tolist(),
+            self.position_attempts.tolist(),
+            self.position_accepts.tolist(),
+        )
+        return [RowStats(*column) for column in columns]
+
+
+class Decoder:
+    """Speculative (or, with no drafter, autoregressive) decoding of a target causal LM."""
+
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        drafter: Drafter | None = None,
+        strategy: AcceptanceStrategy | None = None,
+        draft_length: DraftLengthPolicy | None = None,
+        sampling: SamplingConfig | None = None,
+    ):
+        self.target = target
+        self.drafter = drafter if drafter is not None else NoDrafter()
+        self.speculates = not isinstance(self.drafter, NoDrafter)
+        self.strategy = strategy if strategy is not None else Speculative()
+        self.draft_length = draft_length if draft_length is not None else FixedLength()
+        self.sampling = sampling if sampling is not None else SamplingConfig()
+        if self.speculates and isinstance(self.strategy, Greedy) and not self.sampling.is_greedy:
+            raise ValueError(
+                f"strategy 'greedy' decodes the target's argmax and needs temperature 0, got temperature="
+                f"{self.sampling.temperature}; use 'speculative' (lossless) or 'typical'/'topk' (lossy) to sample"
+            )
+        limits = [context_limit(target)] + [context_limit(m) for m in draft_models(self.drafter)]
+        self.context_limit = min((limit for limit in limits if limit is not None), default=None)
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        max_new_tokens: int = 32,
+        eos_token_id: int | list[int] | None = None,
+        seed: int = 0,
+    ) -> GenerationOutput:
+        attention_mask = check_prompt(input_ids, attention_mask, self.context_limit)
+        check_max_new_tokens(max_new_tokens)
+        eos_ids = eos_tensor(eos_token_id, input_ids.device)
+        return DecodeRun(self, input_ids, attention_mask, max_new_tokens, eos_ids, seed).run()
+
+
+def draft_models(drafter: Drafter) -> list[torch.nn.Module]:
+    model = getattr(drafter, "model", None)
+    return [model] if isinstance(model, torch.nn.Module) else []
+
+
+class DecodeRun:
+    """The state of one ``generate`` call. Owns the target cache; the drafter owns its own."""
+
+    def __init__(self, decoder: Decoder, input_ids, attention_mask, max_new_tokens: int, eos_ids, seed: int):
+        self.decoder, self.input_ids, self.attention_mask = decoder, input_ids, attention_mask
+        self.max_new_tokens, self.eos_ids = max_new_tokens, eos_ids
+        device = input_ids.device
+        batch_size = input_ids.shape[0]
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.clock = Clock(device)
+        self.k_max = decoder.draft_length.max_k if decoder.speculates else 0
+        self.limit = decoder.context_limit if decoder.context_limit is not None else 2**62
+        self.prompt_lengths = attention_mask.sum(-1)  # [B]
+        self.output = torch.zeros(batch_size, max_new_tokens + self.k_max + 1, dtype=torch.long, device=device)
+        self.emitted = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
+        self.active = torch.ones(batch_size, dtype=torch.bool, device=device)  # [B]
+        self.counters = RowCounters(batch_size, self.k_max, device)
+        self.draft_seconds = self.target_seconds = 0.0
+        self.draft_step_seconds = self.target_step_seconds = 0.0
+        self.target_forwards = 0
+
+    def run(self) -> GenerationOutput:
+        decoder = self.decoder
+        start = self.clock.now()
+        decoder.draft_length.start()
+        decoder.drafter.start(self.input_ids, self.attention_mask)
+        after_draft_prefill = self.clock.now()
+        self.target_cache = KVCache(decoder.target, self.input_ids.shape[0], self.input_ids.device, "target")
+        if self.input_ids.shape[1] > 1:
+            self.target_cache.forward(self.input_ids[:, :-1], self.attention_mask[:, :-1])
+        after_target_prefill = self.clock.now()
+        self.draft_seconds = after_draft_prefill - start
+        self.target_seconds = after_target_prefill - after_draft_prefill
+        self.pending = self.input_ids[:, -1]  # [B] last token, not yet in the target cache
+        remaining_max, room_min = self.budget_bounds()
+        ttft = None
+        while remaining_max > 0:
+            k = min(decoder.draft_length.next_k(), remaining_max - 1, room_min) if decoder.speculates else 0
+            remaining_max, room_min = self.step(max(k, 0))
+            if ttft is None:
+                ttft = self.clock.now() - start
+        wall = self.clock.now() - start
+        return self.finish(wall, ttft if ttft is not None else wall)
+
+    def budgets(self) -> torch.Tensor:
+        """[B] tokens each row may still emit: max_new_tokens and the context limit both bound it."""
+        by_count = self.max_new_tokens - self.emitted
+        by_context = self.limit - (self.prompt_lengths + self.emitted)
+        return torch.minimum(by_count, by_context) * self.active
+
+    def budget_bounds(self) -> tuple[int, int]:
+        """(largest remaining budget, smallest context room) over active rows, on the host."""
+        room = self.limit - (self.prompt_lengths + self.emitted)
+        bounds = torch.stack([self.budgets().max(), torch.where(self.active, room, self.limit).min()])
+        remaining_max, room_min = bounds.tolist()
+        return remaining_max, room_min
+
+    def step(self, k: int) -> tuple[int, int]:
+        decoder, sampling = self.decoder, self.decoder.sampling
+        t0 = self.clock.now()
+        proposal = decoder.drafter.propose(k, sampling, self.generator) if k else self.empty_proposal()
+        t1 = self.clock.now()
+        verify_ids = torch.cat([self.pending.unsqueeze(1), proposal.tokens], 1)  # [B, k+1]
+        target_logits = self.target_cache.forward(verify_ids, torch.ones_like(verify_ids))  # [B, k+1, V]
+        t2 = self.clock.now()
+        target_probs = logits_to_probs(target_logits, sampling)  # [B, k+1, V]
+        vocab_size = target_probs.shape[-1]
+        draft_probs = proposal.probs if proposal.probs is not None else one_hot_probs(proposal.tokens, vocab_size)
+        verdict = decoder.strategy(proposal.tokens, draft_probs, target_probs, self.generator)
+        overlap = None
+        if proposal.probs is not None and k:
+            overlap = torch.minimum(proposal.probs, target_probs[:, :k]).sum(-1)  # [B, k]
+        self.counters.add(k, verdict.num_accepted, self.active, overlap)
+
+        new_tokens = torch.cat([proposal.tokens, verdict.next_token.unsqueeze(1)], 1)  # [B, k+1]
+        new_tokens.scatter_(1, verdict.num_accepted.unsqueeze(1), verdict.next_token.unsqueeze(1))
+        num_new, reached_eos = self.count_new(new_tokens, verdict.num_accepted)
+        slots = self.emitted.unsqueeze(1) + torch.arange(k + 1, device=new_tokens.device)  # [B, k+1]
+        self.output.scatter_(1, slots, new_tokens)  # slots past num_new are overwritten later or never read
+        active_during_step = self.active
+        self.emitted = self.emitted + num_new
+        self.active = self.active & ~reached_eos & (self.budgets() > 0)
+
+        accepted_live = verdict.num_accepted.masked_fill(~active_during_step, -1)  # [B]
+        room = self.limit - (self.prompt_lengths + self.emitted)
+        draft_finite = proposal.finite if proposal.finite is not None else torch.ones((), dtype=torch.bool)
+        host = torch.stack(
+            [
+                accepted_live.max(),
+                verdict.num_accepted.masked_fill(~active_during_step, k).min(),
+                num_new.max(),
+                self.budgets().max(),
+                torch.where(self.active, room, self.limit).min(),
+                torch.isfinite(target_logits).all().long(),
+                draft_finite.to(target_logits.device).long(),
+            ]
+        ).tolist()
+        max_accepted, min_accepted, max_new, remaining_max, room_min, target_finite, drafts_finite = host
+        if not drafts_finite:
+            raise NonFiniteLogitsError("the draft model produced NaN/inf logits; refusing to emit tokens from them")
+        if not target_finite:
+            raise NonFiniteLogitsError("the target model produced NaN/inf logits; refusing to emit tokens from them")
+
+        self.target_cache.keep(num_new, k + 1, max_new)
+        self.pending = verdict.next_token
+        t3 = self.clock.now()
+        outcome = StepOutcome(
+            k=k,
+            num_accepted=verdict.num_accepted,
+            next_token=verdict.next_token,
+            new_tokens=new_tokens,
+            num_new=num_new,
+            active=active_during_step,
+            max_accepted=max_accepted,
+            min_accepted=min_accepted,
+            draft_seconds=t1 - t0,
+            target_seconds=t2 - t1,
+        )
+        decoder.drafter.commit(outcome)
+        t4 = self.clock.now()
+        decoder.draft_length.observe(outcome)
+        self.record_times(draft=(t1 - t0) + (t4 - t3), target=t2 - t1)
+        return remaining_max, room_min
+
+    def count_new(self, new_tokens: torch.Tensor, num_accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B] tokens each row emits this step (kept drafts + 1, cut at EOS and the budget) and [B] EOS reached."""
+        slot = torch.arange(new_tokens.shape[1], device=new_tokens.device)  # [k+1]
+        num_new = torch.minimum(num_accepted + 1, self.budgets())  # [B], 0 for finished rows
+        if self.eos_ids is None:
+            return num_new, torch.zeros_like(self.active)
+        is_eos = torch.isin(new_tokens, self.eos_ids) & (slot < num_new.unsqueeze(1))  # [B, k+1]
+        first_eos = torch.where(is_eos, slot, new_tokens.shape[1]).amin(-1)  # [B], k+1 if none
+        return torch.minimum(num_new, first_eos + 1), is_eos.any(-1)
+
+    def empty_proposal(self) -> Proposal:
+        batch_size = self.input_ids.shape[0]
+        return Proposal(torch.zeros(batch_size, 0, dtype=torch.long, device=self.input_ids.device), None)
+
+    def record_times(self, draft: float, target: float) -> None:
+        self.draft_seconds += draft
+        self.target_seconds += target
+        self.draft_step_seconds += draft
+        self.target_step_seconds += target
+        self.target_forwards += 1
+
+    def finish(self, wall: float, ttft: float) -> GenerationOutput:
+        rows = self.output.tolist()
+        counts = self.emitted.tolist()
+        tokens = [row[:count] for row, count in zip(rows, counts)]
+        overlap_sum, overlap_count = self.counters.overlap_sum.item(), int(self.counters.overlap_count.item())
+        stats = DecodeStats(
+            rows=self.counters.rows(self.emitted),
+            draft_forwards=self.decoder.drafter.num_forwards,
+            target_forwards=self.target_forwards,
+            draft_seconds=self.draft_seconds,
+            target_seconds=self.target_seconds,
+            wall_seconds=wall,
+            ttft_seconds=ttft,
+            draft_step_seconds=self.draft_step_seconds,
+            target_step_seconds=self.target_step_seconds,
+            expected_overlap_sum=overlap_sum,
+            expected_overlap_count=overlap_count,
+        )
+        return GenerationOutput(tokens, stats)
+
+
+def check_prompt(input_ids, attention_mask, limit: int | None) -> torch.Tensor:
+    """Validate a [B, T] left-padded prompt batch and return its attention mask."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.LongTensor of shape [B, T], got {type(input_ids).__name__}")
+    if input_ids.dtype not in (torch.long, torch.int):
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must have shape [B, T], got shape {tuple(input_ids.shape)}")
+    if input_ids.numel() == 0:
+        raise ValueError(f"empty prompt: input_ids has shape {tuple(input_ids.shape)}; need at least one token per row")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {shape}")
+    if attention_mask.device != input_ids.device:
+        raise ValueError(f"attention_mask is on {attention_mask.device} but input_ids on {input_ids.device}")
+    attention_mask = attention_mask.long()
+    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+    if bool((attention_mask.diff(dim=-1) < 0).any()):
+        raise ValueError("attention_mask must be left-padded (zeros before ones in every row); got right padding")
+    lengths = attention_mask.sum(-1)
+    if bool((lengths == 0).any()):
+        rows = (lengths == 0).nonzero().flatten().tolist()
+        raise ValueError(f"empty prompt in batch rows {rows}: every row needs at least one token")
+    if limit is not None and int(lengths.max()) >= limit:
+        raise ValueError(
+            f"prompt of {int(lengths.max())} tokens is at or beyond the context limit of {limit} positions; "
+            f"prompts must be shorter than {limit} tokens"
+        )
+    return attention_mask
+
+
+def check_max_new_tokens(max_new_tokens: object) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+
+
+def eos_tensor(eos_token_id, device: torch.device) -> torch.Tensor | None:
+    if eos_token_id is None:
+        return None
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ValueError(f"eos_token_id must be a token id, a list of token ids, or None; got {eos_token_id!r}")
+    return torch.tensor(ids, dtype=torch.long, device=device)

@@ -1,0 +1,94 @@
+"""Drafters propose tokens; the decode loop decides what to keep and tells them through ``commit``.
+
+Interface (duck-typed, see ``Drafter``): ``start`` sees the prompt, ``propose(k, ...)`` returns only the ``k`` new
+tokens (and their distributions where it has them), ``commit(outcome)`` learns what was kept. A drafter that
+holds a KV cache owns it and rolls it back in ``commit``, its one place to do so.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from specdec.cache import KVCache
+from specdec.sampling import SamplingConfig, logits_to_probs, sample
+from specdec.types import Proposal
+
+if TYPE_CHECKING:
+    from specdec.decode import StepOutcome
+
+
+class Drafter(Protocol):
+    num_forwards: int  # draft forward passes since ``start`` (for the cost ratio)
+
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None: ...
+
+    def propose(self, k: int, sampling: SamplingConfig, generator: torch.Generator) -> Proposal: ...
+
+    def commit(self, outcome: StepOutcome) -> None: ...
+
+
+class ModelDrafter:
+    """Drafts autoregressively with a small causal LM that shares the target's vocabulary."""
+
+    def __init__(self, model: torch.nn.Module, label: str = "draft"):
+        self.model = model
+        self.label = label
+        self.num_forwards = 0
+
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        """Cache the prompt but its last token, which the first ``propose`` feeds."""
+        self.cache = KVCache(self.model, input_ids.shape[0], input_ids.device, self.label)
+        if input_ids.shape[1] > 1:
+            self.cache.forward(input_ids[:, :-1], attention_mask[:, :-1])
+        # Tokens already emitted but not yet in this cache; unfed[:, j] is a hole where unfed_mask is 0.
+        self.unfed = input_ids[:, -1:]  # [B, m]
+        self.unfed_mask = torch.ones_like(self.unfed)  # [B, m]
+        self.num_forwards = 0
+
+    def propose(self, k: int, sampling: SamplingConfig, generator: torch.Generator) -> Proposal:
+        feed, feed_mask = self.unfed, self.unfed_mask
+        tokens, probs = [], []
+        finite = torch.ones((), dtype=torch.bool, device=feed.device)
+        for _ in range(k):
+            logits = self.cache.forward(feed, feed_mask)[:, -1]  # [B, V]
+            finite &= torch.isfinite(logits).all()
+            step_probs = logits_to_probs(logits, sampling)  # [B, V]
+            token = sample(step_probs, generator)  # [B]
+            tokens.append(token)
+            probs.append(step_probs)
+            feed, feed_mask = token.unsqueeze(1), torch.ones_like(token).unsqueeze(1)
+        self.num_forwards += k
+        self.proposed = torch.stack(tokens, 1)  # [B, k]
+        return Proposal(self.proposed, torch.stack(probs, 1), finite)
+
+    def commit(self, outcome: StepOutcome) -> None:
+        """Roll the cache back to the kept drafts and queue the tokens it has not seen."""
+        k, next_token = outcome.k, outcome.next_token.unsqueeze(1)  # [B, 1]
+        if k == 0:  # nothing was drafted, so nothing fed: the new token joins the queue
+            self.unfed = torch.cat([self.unfed, next_token], 1)
+            self.unfed_mask = torch.cat([self.unfed_mask, torch.ones_like(next_token)], 1)
+            return
+        # The cache got the queue plus drafts 1..k-1; draft k was sampled but never fed.
+        self.cache.keep(outcome.num_accepted.clamp(max=k - 1), k - 1, min(outcome.max_accepted, k - 1))
+        self.unfed, self.unfed_mask = next_token, torch.ones_like(next_token)
+        if outcome.max_accepted == k:  # rows that kept every draft must still feed draft k
+            kept_all = (outcome.num_accepted == k).long().unsqueeze(1)  # [B, 1]
+            self.unfed = torch.cat([self.proposed[:, -1:], next_token], 1)  # [B, 2]
+            self.unfed_mask = torch.cat([kept_all, torch.ones_like(next_token)], 1)
+
+
+class NoDrafter:
+    """Proposes nothing: the decode loop with it is plain autoregressive decoding (the baseline)."""
+
+    num_forwards = 0
+
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        """No state."""
+
+    def propose(self, k: int, sampling: SamplingConfig, generator: torch.Generator) -> Proposal:
+        raise RuntimeError("NoDrafter proposes nothing; the loop must ask it for k = 0 only")
+
+    def commit(self, outcome: StepOutcome) -> None:
+        """No state."""

@@ -1,0 +1,77 @@
+"""Sampling settings: one function turns logits into the distribution both models are judged by.
+
+Applying the same transform to draft and target logits keeps lossless strategies lossless under it:
+speculative sampling then reproduces the *transformed* target distribution exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Temperature 0 means greedy (argmax, a point mass). ``None`` disables a filter."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature!r}")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ValueError(f"top_k must be an integer >= 1 or None, got {self.top_k!r}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] or None, got {self.min_p!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """[..., V] logits -> [..., V] float32 probabilities after temperature, top-k, top-p and min-p."""
+    logits = logits.float()
+    if sampling.is_greedy:
+        return one_hot_probs(logits.argmax(-1), logits.shape[-1])
+    logits = logits / sampling.temperature
+    if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
+        kth_largest = logits.topk(sampling.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    probs = logits.softmax(-1)
+    if sampling.top_p is not None and sampling.top_p < 1:
+        probs = _keep_top_p(probs, sampling.top_p)
+    if sampling.min_p is not None and sampling.min_p > 0:
+        floor = sampling.min_p * probs.amax(-1, keepdim=True)  # [..., 1]
+        probs = probs.masked_fill(probs < floor, 0.0)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def _keep_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero every token outside the smallest set whose mass reaches ``top_p`` (the top token always stays)."""
+    sorted_probs, order = probs.sort(-1, descending=True)  # [..., V]
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs  # [..., V] mass of strictly more likely tokens
+    drop_sorted = mass_before >= top_p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+    return probs.masked_fill(drop, 0.0)
+
+
+def one_hot_probs(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[...] token ids -> [..., V] float32 point masses."""
+    return torch.nn.functional.one_hot(tokens, vocab_size).float()
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """[..., V] probabilities -> [...] sampled token ids.
+
+    Exponential race (argmax of p / Exp(1)) is an exact categorical sample that needs no host sync and works on
+    any leading shape; point masses come out deterministically.
+    """
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return (probs / race).argmax(-1)

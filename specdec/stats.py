@@ -1,0 +1,144 @@
+"""Decoding statistics, per call and per row. Definitions follow the project's STYLE.md:
+
+    drafted D, accepted A, target calls N (verification passes), emitted E
+    acceptance rate       A / D                         (NaN when nothing was drafted)
+    mean accepted length  E / N                         (tau; plain decoding has tau = 1)
+    per-position a_i      P(draft i accepted | drafts 1..i-1 accepted)
+    expected acceptance   mean over verified positions of sum_x min(q(x), p(x))
+    cost ratio c          mean draft forward time / mean target forward time (decode steps, this call)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else math.nan
+
+
+@dataclass
+class RowStats:
+    """Counts of one batch row."""
+
+    emitted: int
+    drafted: int
+    accepted: int
+    target_calls: int
+    position_attempts: list[int]  # [k_max] times draft position i was verified
+    position_accepts: list[int]  # [k_max] times it was accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return ratio(self.accepted, self.drafted)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return ratio(self.emitted, self.target_calls)
+
+    @property
+    def per_position(self) -> list[float]:
+        return [ratio(a, n) for a, n in zip(self.position_accepts, self.position_attempts)]
+
+
+@dataclass
+class DecodeStats:
+    """Counts summed over rows, timings of the whole call, and the rows themselves."""
+
+    rows: list[RowStats]
+    draft_forwards: int  # draft forward passes in decode steps (prefill excluded)
+    target_forwards: int  # batched verification passes (prefill excluded)
+    draft_seconds: float  # drafting, draft prefill included
+    target_seconds: float  # target forwards, prefill included
+    wall_seconds: float
+    ttft_seconds: float  # start of the call to the first emitted token
+    draft_step_seconds: float  # draft_seconds less the draft prefill
+    target_step_seconds: float  # target_seconds less the target prefill
+    expected_overlap_sum: float = 0.0  # sum over verified positions of sum_x min(q, p)
+    expected_overlap_count: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def drafted(self) -> int:
+        return sum(r.drafted for r in self.rows)
+
+    @property
+    def accepted(self) -> int:
+        return sum(r.accepted for r in self.rows)
+
+    @property
+    def target_calls(self) -> int:
+        return sum(r.target_calls for r in self.rows)
+
+    @property
+    def emitted(self) -> int:
+        return sum(r.emitted for r in self.rows)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return ratio(self.accepted, self.drafted)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return ratio(self.emitted, self.target_calls)
+
+    @property
+    def per_position(self) -> list[float]:
+        attempts = [sum(col) for col in zip(*(r.position_attempts for r in self.rows))]
+        accepts = [sum(col) for col in zip(*(r.position_accepts for r in self.rows))]
+        return [ratio(a, n) for a, n in zip(accepts, attempts)]
+
+    @property
+    def expected_acceptance(self) -> float | None:
+        """None when the drafter gives no distributions (n-gram) or nothing was verified."""
+        if not self.expected_overlap_count:
+            return None
+        return self.expected_overlap_sum / self.expected_overlap_count
+
+    @property
+    def other_seconds(self) -> float:
+        return self.wall_seconds - self.draft_seconds - self.target_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        return ratio(self.emitted, self.wall_seconds)
+
+    @property
+    def cost_ratio(self) -> float:
+        return ratio(ratio(self.draft_step_seconds, self.draft_forwards), ratio(self.target_step_seconds, self.target_forwards))
+
+    @property
+    def itl_seconds(self) -> float:
+        """Mean time between a row's tokens after its first."""
+        tokens_after_first = self.emitted / len(self.rows) - 1
+        return ratio(self.wall_seconds - self.ttft_seconds, tokens_after_first) if tokens_after_first > 0 else math.nan
+
+    def as_dict(self) -> dict:
+        """Flat summary for logging (per-row detail stays in ``rows``)."""
+        return {
+            "emitted": self.emitted,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "target_calls": self.target_calls,
+            "draft_calls": self.draft_forwards,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "per_position_acceptance": self.per_position,
+            "expected_acceptance": self.expected_acceptance,
+            "draft_seconds": self.draft_seconds,
+            "target_seconds": self.target_seconds,
+            "other_seconds": self.other_seconds,
+            "wall_seconds": self.wall_seconds,
+            "tokens_per_s": self.tokens_per_second,
+            "cost_ratio": self.cost_ratio,
+            "ttft_seconds": self.ttft_seconds,
+            "itl_seconds": self.itl_seconds,
+        }
+
+
+def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:
+    """Leviathan et al. (2023) eq. 1: expected walltime improvement (1 - a^(k+1)) / ((1 - a)(k c + 1))."""
+    if alpha == 1:
+        return (k + 1) / (k * cost_ratio + 1)
+    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * cost_ratio + 1))

@@ -1,0 +1,180 @@
+"""Acceptance strategies: pure, batched functions of one step's drafts and distributions.
+
+Every strategy is called as ``strategy(draft_tokens, draft_probs, target_probs, generator) -> Verdict`` with
+
+    draft_tokens  [B, k]       long, the proposal
+    draft_probs   [B, k, V]    q, the draft distributions the tokens were drawn from (point masses if none)
+    target_probs  [B, k+1, V]  p, the target distributions; row k is for the bonus token
+
+and returns ``Verdict(num_accepted [B], next_token [B])``. Both distributions have already been through
+``sampling.logits_to_probs`` with the same settings. Strategies hold parameters only, never state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specdec.sampling import sample
+from specdec.types import Verdict
+
+
+class AcceptanceStrategy(Protocol):
+    name: str
+    lossless: bool
+
+    def __call__(
+        self,
+        draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        generator: torch.Generator,
+    ) -> Verdict: ...
+
+
+def count_leading_true(accepted: torch.Tensor) -> torch.Tensor:
+    """[B, k] bool -> [B] long: length of the all-True prefix of each row."""
+    return accepted.long().cumprod(-1).sum(-1)
+
+
+def probs_of(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """[B, k, V] probabilities, [B, k] tokens -> [B, k] probability of each token."""
+    return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def row_at(probs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """[B, n, V] probabilities, [B] positions -> [B, V] the distribution at each row's position."""
+    batch, _, vocab = probs.shape
+    return probs.gather(1, index.view(batch, 1, 1).expand(batch, 1, vocab)).squeeze(1)
+
+
+def sample_at_first_rejection(
+    target_probs: torch.Tensor, num_accepted: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """The next token of a lossy rule: a sample of p at the first rejected position (or the bonus position)."""
+    return sample(row_at(target_probs, num_accepted), generator)  # [B]
+
+
+@dataclass(frozen=True)
+class Greedy:
+    """Accept draft token i while it equals argmax p_i; emit argmax p at the first mismatch.
+
+    Equals the target's own greedy decoding (lossless at temperature 0, the only setting it allows).
+    """
+
+    name: str = "greedy"
+    lossless: bool = True
+
+    def __call__(self, draft_tokens, draft_probs, target_probs, generator) -> Verdict:
+        k = draft_tokens.shape[1]
+        target_argmax = target_probs.argmax(-1)  # [B, k+1]
+        num_accepted = count_leading_true(draft_tokens == target_argmax[:, :k])  # [B]
+        next_token = target_argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # [B]
+        return Verdict(num_accepted, next_token)
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+    Accept x_i ~ q_i with probability min(1, p_i(x_i) / (l * q_i(x_i))); at the first rejection emit a sample of
+    norm(max(0, p_i - q_i)). After k acceptances the bonus token is a sample of p_k. With lenience l = 1 the
+    emitted tokens are distributed exactly as p; l < 1 (Leviathan appendix A.5) accepts more and is lossy.
+    Padding q with a zero row at position k makes the bonus the residual max(0, p_k - 0) = p_k: one code path.
+    """
+
+    lenience: float = 1.0
+    name: str = "speculative"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.lenience <= 1:
+            raise ValueError(f"lenience must be in (0, 1] (1 is exact speculative sampling), got {self.lenience!r}")
+
+    @property
+    def lossless(self) -> bool:
+        return self.lenience == 1
+
+    def __call__(self, draft_tokens, draft_probs, target_probs, generator) -> Verdict:
+        p_of_draft = probs_of(target_probs[:, :-1], draft_tokens)  # [B, k]
+        q_of_draft = probs_of(draft_probs, draft_tokens)  # [B, k]
+        uniform = torch.rand(p_of_draft.shape, generator=generator, device=p_of_draft.device)  # [B, k]
+        # u < p / (l q), written without division; strict so that p = 0 is never accepted.
+        num_accepted = count_leading_true(uniform * self.lenience * q_of_draft < p_of_draft)  # [B]
+        padded_q = torch.nn.functional.pad(draft_probs, (0, 0, 0, 1))  # [B, k+1, V], zero row at k
+        residual = (row_at(target_probs, num_accepted) - row_at(padded_q, num_accepted)).clamp_min(0)  # [B, V]
+        # Rounding can leave no residual mass where p == q; p itself is the exact limit there.
+        has_mass = residual.sum(-1, keepdim=True) > 0  # [B, 1]
+        residual = torch.where(has_mass, residual, row_at(target_probs, num_accepted))
+        next_token = sample(residual / residual.sum(-1, keepdim=True), generator)  # [B]
+        return Verdict(num_accepted, next_token)
+
+
+@dataclass(frozen=True)
+class Typical:
+    """Typical acceptance (Medusa, Cai et al. 2024): accept x_i while p_i(x_i) > min(epsilon, delta exp(-H(p_i))).
+
+    Lossy. The next token is a sample of p at the first rejected (or bonus) position. At temperature 0 p is a
+    point mass with H = 0, so the rule accepts exactly the argmax: greedy decoding.
+    """
+
+    epsilon: float = 0.09
+    delta: float = 0.3
+    name: str = "typical"
+    lossless: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 < self.epsilon <= 1:
+            raise ValueError(f"typical epsilon must be in (0, 1], got {self.epsilon!r}")
+        if not self.delta > 0:
+            raise ValueError(f"typical delta must be > 0, got {self.delta!r}")
+
+    def threshold(self, target_probs: torch.Tensor) -> torch.Tensor:
+        """[..., V] p -> [...] acceptance threshold min(epsilon, delta exp(-H(p)))."""
+        entropy = torch.special.entr(target_probs).sum(-1)  # [...], 0 log 0 = 0
+        return torch.clamp(self.delta * torch.exp(-entropy), max=self.epsilon)
+
+    def __call__(self, draft_tokens, draft_probs, target_probs, generator) -> Verdict:
+        verify_probs = target_probs[:, :-1]  # [B, k, V]
+        accepted = probs_of(verify_probs, draft_tokens) > self.threshold(verify_probs)  # [B, k]
+        num_accepted = count_leading_true(accepted)
+        return Verdict(num_accepted, sample_at_first_rejection(target_probs, num_accepted, generator))
+
+
+@dataclass(frozen=True)
+class TopK:
+    """Accept x_i while it is among the n most likely tokens of p_i (and p_i(x_i) > 0). Lossy.
+
+    The next token is a sample of p at the first rejected (or bonus) position. At temperature 0 only the argmax
+    has mass, so the rule reduces to greedy decoding.
+    """
+
+    n: int = 5
+    name: str = "topk"
+    lossless: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"topk strategy n must be an integer >= 1, got {self.n!r}")
+
+    def __call__(self, draft_tokens, draft_probs, target_probs, generator) -> Verdict:
+        verify_probs = target_probs[:, :-1]  # [B, k, V]
+        nth_largest = verify_probs.topk(min(self.n, verify_probs.shape[-1]), dim=-1).values[..., -1]  # [B, k]
+        p_of_draft = probs_of(verify_probs, draft_tokens)  # [B, k]
+        num_accepted = count_leading_true((p_of_draft >= nth_largest) & (p_of_draft > 0))
+        return Verdict(num_accepted, sample_at_first_rejection(target_probs, num_accepted, generator))
+
+
+STRATEGIES = {"greedy": Greedy, "speculative": Speculative, "typical": Typical, "topk": TopK}
+
+
+def make_strategy(strategy: str | AcceptanceStrategy, **params) -> AcceptanceStrategy:
+    """A strategy by name (with its parameters), or an already built one."""
+    if not isinstance(strategy, str):
+        if not callable(strategy):
+            raise TypeError(f"strategy must be a name or a callable strategy, got {type(strategy).__name__}")
+        return strategy
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; known strategies: {', '.join(STRATEGIES)}")
+    return STRATEGIES[strategy](**params)

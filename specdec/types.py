@@ -1,0 +1,32 @@
+"""Shared types and the notation used across specdec.
+
+Notation (Leviathan et al. 2023): ``p`` is the **target** distribution, ``q`` the **draft** distribution.
+Code spells them out as ``target_probs`` and ``draft_probs``.
+
+Shapes: ``B`` batch rows, ``k`` draft tokens proposed this step, ``V`` vocabulary size.
+A step feeds the target ``k + 1`` tokens (the last emitted token and the ``k`` drafts) and gets ``k + 1``
+distributions: position ``i < k`` verifies draft token ``i``; position ``k`` gives the bonus token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What a drafter proposes for one step."""
+
+    tokens: torch.Tensor  # [B, k] long
+    probs: torch.Tensor | None  # [B, k, V] draft distributions q, or None for point-mass proposals (n-gram)
+    finite: torch.Tensor | None = None  # [] bool: False if any draft logits were NaN/inf (checked at the step sync)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What an acceptance strategy decides for one step."""
+
+    num_accepted: torch.Tensor  # [B] long in [0, k]: leading draft tokens kept
+    next_token: torch.Tensor  # [B] long: the token emitted after the kept drafts (correction or bonus)
