@@ -38,6 +38,7 @@ class StepOutcome:
     new_tokens: torch.Tensor  # [B, k+1] kept drafts then next_token; only the first num_new are real
     num_new: torch.Tensor  # [B] tokens emitted this step (0 for rows already finished)
     active: torch.Tensor  # [B] bool, rows still generating during this step
+    active_after: torch.Tensor  # [B] bool, rows still generating after it (finished rows feed only holes)
     max_accepted: int  # host copies over active rows
     min_accepted: int
     draft_seconds: float
@@ -219,7 +220,8 @@ class DecodeRun:
         proposal = decoder.drafter.propose(k, sampling, self.generator) if k else self.empty_proposal()
         t1 = self.clock.now()
         verify_ids = torch.cat([self.pending.unsqueeze(1), proposal.tokens], 1)  # [B, k+1]
-        target_logits = self.target_cache.forward(verify_ids, torch.ones_like(verify_ids))  # [B, k+1, V]
+        verify_mask = self.active.long().unsqueeze(1).expand_as(verify_ids)  # finished rows feed holes
+        target_logits = self.target_cache.forward(verify_ids, verify_mask)  # [B, k+1, V]
         t2 = self.clock.now()
         target_probs = logits_to_probs(target_logits, sampling)  # [B, k+1, V]
         vocab_size = target_probs.shape[-1]
@@ -269,6 +271,7 @@ class DecodeRun:
             new_tokens=new_tokens,
             num_new=num_new,
             active=active_during_step,
+            active_after=self.active,
             max_accepted=max_accepted,
             min_accepted=min_accepted,
             draft_seconds=t1 - t0,

@@ -45,6 +45,7 @@ class ModelDrafter:
         # Tokens already emitted but not yet in this cache; unfed[:, j] is a hole where unfed_mask is 0.
         self.unfed = input_ids[:, -1:]  # [B, m]
         self.unfed_mask = torch.ones_like(self.unfed)  # [B, m]
+        self.live = torch.ones_like(self.unfed)  # [B, 1] 0 for finished rows, which feed only holes
         self.num_forwards = 0
 
     def propose(self, k: int, sampling: SamplingConfig, generator: torch.Generator) -> Proposal:
@@ -58,7 +59,7 @@ class ModelDrafter:
             token = sample(step_probs, generator)  # [B]
             tokens.append(token)
             probs.append(step_probs)
-            feed, feed_mask = token.unsqueeze(1), torch.ones_like(token).unsqueeze(1)
+            feed, feed_mask = token.unsqueeze(1), self.live
         self.num_forwards += k
         self.proposed = torch.stack(tokens, 1)  # [B, k]
         return Proposal(self.proposed, torch.stack(probs, 1), finite)
@@ -66,17 +67,18 @@ class ModelDrafter:
     def commit(self, outcome: StepOutcome) -> None:
         """Roll the cache back to the kept drafts and queue the tokens it has not seen."""
         k, next_token = outcome.k, outcome.next_token.unsqueeze(1)  # [B, 1]
+        self.live = outcome.active_after.long().unsqueeze(1)  # [B, 1]
         if k == 0:  # nothing was drafted, so nothing fed: the new token joins the queue
             self.unfed = torch.cat([self.unfed, next_token], 1)
-            self.unfed_mask = torch.cat([self.unfed_mask, torch.ones_like(next_token)], 1)
+            self.unfed_mask = torch.cat([self.unfed_mask, torch.ones_like(next_token)], 1) * self.live
             return
         # The cache got the queue plus drafts 1..k-1; draft k was sampled but never fed.
         self.cache.keep(outcome.num_accepted.clamp(max=k - 1), k - 1, min(outcome.max_accepted, k - 1))
-        self.unfed, self.unfed_mask = next_token, torch.ones_like(next_token)
+        self.unfed, self.unfed_mask = next_token, self.live
         if outcome.max_accepted == k:  # rows that kept every draft must still feed draft k
             kept_all = (outcome.num_accepted == k).long().unsqueeze(1)  # [B, 1]
             self.unfed = torch.cat([self.proposed[:, -1:], next_token], 1)  # [B, 2]
-            self.unfed_mask = torch.cat([kept_all, torch.ones_like(next_token)], 1)
+            self.unfed_mask = torch.cat([kept_all, torch.ones_like(next_token)], 1) * self.live
 
 
 class NoDrafter:
