@@ -1,0 +1,114 @@
+"""The front door: statistics identities, reproducibility, batch equivalence, and every bad input."""
+
+import math
+
+import pytest
+import torch
+
+import specdec
+from specdec.decode import NonFiniteLogitsError
+from conftest import left_pad, random_prompts, tiny_gpt2
+
+
+def test_stats_identities(target, draft):
+    prompts = random_prompts([4, 9, 6], seed=1)
+    ids, mask = left_pad(prompts)
+    out = specdec.generate(target, ids, draft=draft, attention_mask=mask, k=4, max_new_tokens=20)
+    s = out.stats
+    assert 0 < s.accepted <= s.drafted
+    assert s.emitted == sum(map(len, out.tokens)) == 60
+    assert s.mean_accepted_length == s.emitted / s.target_calls
+    assert s.acceptance_rate == s.accepted / s.drafted
+    for row, tokens in zip(s.rows, out.tokens):
+        assert row.emitted == len(tokens) and row.accepted <= row.drafted
+        assert row.position_attempts[0] == row.target_calls - (row.drafted < 4 * row.target_calls)
+    first = s.per_position[0]
+    assert first == sum(r.position_accepts[0] for r in s.rows) / sum(r.position_attempts[0] for r in s.rows)
+    assert 0 <= s.expected_acceptance <= 1
+    assert s.wall_seconds >= s.draft_seconds + s.target_seconds > 0 and s.ttft_seconds <= s.wall_seconds
+    assert s.cost_ratio > 0
+
+
+def test_baseline_stats(target):
+    out = specdec.generate(target, torch.tensor([[5, 6, 7]]), max_new_tokens=12)
+    s = out.stats
+    assert (s.drafted, s.accepted, s.emitted, s.target_calls) == (0, 0, 12, 12)
+    assert s.mean_accepted_length == 1 and math.isnan(s.acceptance_rate) and s.expected_acceptance is None
+
+
+def test_same_seed_same_output_and_seeds_differ(target, draft):
+    ids, mask = left_pad(random_prompts([5, 8], seed=2))
+    run = lambda seed: specdec.generate(target, ids, draft=draft, attention_mask=mask, temperature=1.0, top_p=0.95,
+                                        max_new_tokens=24, seed=seed).tokens  # noqa: E731
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_each_row_of_a_batch_equals_the_row_alone_when_sampling_with_draft_equal_target(target):
+    """With draft == target every draft is accepted, so even sampled rows only depend on their own prompt."""
+    prompts = random_prompts([3, 7, 5], seed=3)
+    ids, mask = left_pad(prompts)
+    batched = specdec.generate(target, ids, draft=target, attention_mask=mask, k=3, max_new_tokens=16)
+    assert batched.tokens == [specdec.generate(target, torch.tensor([p]), draft=target, k=3,
+                                               max_new_tokens=16).tokens[0] for p in prompts]
+
+
+class CountForwards:
+    def __init__(self, *models):
+        self.calls = 0
+        self.handles = [m.register_forward_hook(self.hook) for m in models]
+
+    def hook(self, *_):
+        self.calls += 1
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+BAD_INPUTS = [
+    ({"strategy": "medusa"}, ValueError, "unknown strategy 'medusa'; known strategies: greedy, speculative"),
+    ({"k": 0}, ValueError, "k must be an integer >= 1, got 0"),
+    ({"temperature": -1.0}, ValueError, "temperature must be >= 0"),
+    ({"top_p": 1.2}, ValueError, r"top_p must be in \(0, 1\] or None, got 1.2"),
+    ({"top_k": 0}, ValueError, "top_k must be an integer >= 1"),
+    ({"max_new_tokens": 0}, ValueError, "max_new_tokens must be an integer >= 1"),
+    ({"input_ids": torch.zeros(1, 0, dtype=torch.long)}, ValueError, "empty prompt"),
+    ({"input_ids": torch.ones(1, 128, dtype=torch.long)}, ValueError, "at or beyond the context limit of 128"),
+    ({"attention_mask": torch.ones(1, 3)}, ValueError, r"attention_mask must have the shape of input_ids \(1, 4\)"),
+    ({"attention_mask": torch.tensor([[1, 1, 0, 0]])}, ValueError, "left-padded"),
+    ({"attention_mask": torch.tensor([[0, 0, 0, 0]])}, ValueError, r"empty prompt in batch rows \[0\]"),
+    ({"input_ids": torch.ones(4, dtype=torch.long)}, ValueError, r"shape \[B, T\]"),
+    ({"input_ids": torch.ones(1, 4)}, TypeError, "integer token ids"),
+    ({"strategy": "greedy", "temperature": 0.7}, ValueError, "strategy 'greedy' .* needs temperature 0"),
+    ({"eos_token_id": "eos"}, ValueError, "eos_token_id must be"),
+    ({"input_ids": torch.ones(1, 4, dtype=torch.long, device="meta")}, ValueError, "input_ids is on meta"),
+    ({"draft": "gpt2"}, TypeError, "draft must be a causal LM, a Drafter, or None; got str"),
+]
+
+
+@pytest.mark.parametrize("override, error, message", BAD_INPUTS, ids=[m[:30] for _, _, m in BAD_INPUTS])
+def test_bad_input_is_rejected_before_any_forward_pass(target, draft, override, error, message):
+    kwargs = {"input_ids": torch.tensor([[1, 2, 3, 4]]), "draft": draft} | override
+    counter = CountForwards(target, draft)
+    try:
+        with pytest.raises(error, match=message):
+            specdec.generate(target, **kwargs)
+    finally:
+        counter.remove()
+    assert counter.calls == 0
+
+
+def test_draft_with_another_vocabulary_is_rejected(target):
+    other = tiny_gpt2(2, layers=1, vocab=50)
+    with pytest.raises(ValueError, match="draft vocab_size=50, target vocab_size=97"):
+        specdec.generate(target, torch.tensor([[1, 2]]), draft=other)
+
+
+@pytest.mark.parametrize("broken", ["draft", "target"])
+def test_nan_logits_raise_naming_the_model(broken):
+    models = {"draft": tiny_gpt2(1, layers=1), "target": tiny_gpt2(0, layers=2)}
+    with torch.no_grad():
+        models[broken].lm_head.weight[3, 0] = float("nan")
+    with pytest.raises(NonFiniteLogitsError, match=f"the {broken} model produced NaN/inf logits"):
+        specdec.generate(models["target"], torch.tensor([[1, 2, 3]]), draft=models["draft"], max_new_tokens=8)

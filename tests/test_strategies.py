@@ -1,0 +1,114 @@
+"""Each acceptance rule tested for its own definition on hand-built distributions."""
+
+import math
+
+import pytest
+import torch
+
+from specdec.sampling import SamplingConfig, logits_to_probs, one_hot_probs
+from specdec.strategies import Greedy, Speculative, TopK, Typical, make_strategy
+
+GEN = torch.Generator().manual_seed(0)
+
+
+def dist(*rows):
+    t = torch.tensor(rows, dtype=torch.float32)
+    return t / t.sum(-1, keepdim=True)
+
+
+def test_greedy_accepts_the_prefix_matching_target_argmax():
+    target = dist([1, 5, 1, 1], [6, 1, 1, 1], [1, 1, 7, 1], [1, 1, 1, 9]).expand(3, 4, 4)  # argmax 1, 0, 2, 3
+    drafts = torch.tensor([[1, 0, 2], [1, 3, 2], [2, 0, 2]])
+    verdict = Greedy()(drafts, one_hot_probs(drafts, 4), target, GEN)
+    assert verdict.num_accepted.tolist() == [3, 1, 0]
+    assert verdict.next_token.tolist() == [3, 0, 1]  # bonus argmax, then the corrections
+
+
+def test_typical_accepts_exactly_the_tokens_above_its_threshold():
+    rule = Typical(epsilon=0.3, delta=0.5)
+    flat, peaked = dist([1, 1, 1, 1]), dist([97, 1, 1, 1])
+    for p in (flat, peaked):
+        entropy = -(p * p.log()).sum().item()
+        threshold = min(0.3, 0.5 * math.exp(-entropy))
+        assert rule.threshold(p).item() == pytest.approx(threshold)
+        for token in range(4):
+            drafts = torch.tensor([[token]])
+            verdict = rule(drafts, one_hot_probs(drafts, 4), torch.stack([p[0], p[0]]).unsqueeze(0), GEN)
+            assert verdict.num_accepted.item() == int(p[0, token].item() > threshold)
+
+
+def test_topk_accepts_tokens_among_the_n_most_likely_with_mass():
+    p = dist([5, 4, 3, 2, 1, 0])
+    verify = torch.stack([p[0], p[0]]).unsqueeze(0)
+    for token, accepted in [(0, 1), (1, 1), (2, 1), (3, 0), (5, 0)]:
+        drafts = torch.tensor([[token]])
+        assert TopK(n=3)(drafts, one_hot_probs(drafts, 6), verify, GEN).num_accepted.item() == accepted
+    drafts = torch.tensor([[5]])  # in the top 6 of a 6-token vocabulary, but with zero probability
+    assert TopK(n=6)(drafts, one_hot_probs(drafts, 6), verify, GEN).num_accepted.item() == 0
+
+
+def test_speculative_accepts_surely_when_target_likes_the_token_more():
+    p, q = dist([1, 3]), dist([3, 1])
+    drafts = torch.tensor([[1]]).expand(1000, 1)
+    verdict = Speculative()(drafts, q.expand(1000, 1, 2), torch.stack([p[0], p[0]]).expand(1000, 2, 2), GEN)
+    assert bool((verdict.num_accepted == 1).all())
+
+
+def test_speculative_acceptance_frequency_is_p_over_q_and_lenience_raises_it():
+    p, q = dist([3, 1]), dist([1, 1])  # token 1: p = 0.25, q = 0.5 -> accept 1/2; lenience 0.5 -> accept 1
+    drafts = torch.tensor([[1]]).expand(20_000, 1)
+    target = torch.stack([p[0], p[0]]).expand(20_000, 2, 2)
+    exact = Speculative()(drafts, q.expand(20_000, 1, 2), target, torch.Generator().manual_seed(1))
+    lenient = Speculative(lenience=0.5)(drafts, q.expand(20_000, 1, 2), target, torch.Generator().manual_seed(1))
+    assert exact.num_accepted.float().mean().item() == pytest.approx(0.5, abs=0.02)
+    assert bool((lenient.num_accepted == 1).all())
+    rejected = exact.num_accepted == 0
+    assert bool((exact.next_token[rejected] == 0).all())  # residual max(0, p - q) has mass only on token 0
+
+
+def test_strategies_reduce_to_sampling_p_with_no_drafts():
+    p = dist([1, 2, 3, 4]).view(1, 1, 4)
+    empty = torch.zeros(1, 0, dtype=torch.long)
+    for rule in (Greedy(), Speculative(), Typical(), TopK()):
+        verdict = rule(empty, torch.zeros(1, 0, 4), one_hot_probs(torch.tensor([[2]]), 4), GEN)
+        assert verdict.num_accepted.tolist() == [0] and verdict.next_token.tolist() == [2]
+
+
+def test_make_strategy_names_and_errors():
+    assert isinstance(make_strategy("typical"), Typical)
+    assert make_strategy(TopK(n=2)) == TopK(n=2)
+    with pytest.raises(ValueError, match="unknown strategy 'medusa'; known strategies: greedy, speculative, typical, topk"):
+        make_strategy("medusa")
+    with pytest.raises(ValueError, match="lenience"):
+        Speculative(lenience=0)
+    with pytest.raises(ValueError, match="topk strategy n"):
+        TopK(n=0)
+
+
+def test_sampling_transform_matches_hand_computation():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -3.0]])
+    assert logits_to_probs(logits, SamplingConfig()).tolist() == [[1, 0, 0, 0, 0]]
+    t = 0.5
+    expected = torch.softmax(logits / t, -1)
+    assert torch.allclose(logits_to_probs(logits, SamplingConfig(temperature=t)), expected)
+    top2 = torch.softmax(logits[:, :2] / t, -1)
+    assert torch.allclose(logits_to_probs(logits, SamplingConfig(temperature=t, top_k=2))[:, :2], top2)
+    assert logits_to_probs(logits, SamplingConfig(temperature=t, top_k=2))[:, 2:].abs().sum() == 0
+    full = torch.softmax(logits, -1)[0]  # [0.64, 0.23, 0.09, 0.03, 0.004]
+    nucleus = logits_to_probs(logits, SamplingConfig(temperature=1.0, top_p=0.9))[0]
+    assert (nucleus > 0).tolist() == [True, True, True, False, False]  # 0.64 + 0.23 < 0.9 needs the third
+    assert torch.allclose(nucleus[:3], full[:3] / full[:3].sum())
+    min_p = logits_to_probs(logits, SamplingConfig(temperature=1.0, min_p=0.2))[0]
+    assert (min_p > 0).tolist() == [True, True, False, False, False]  # 0.09 < 0.2 * 0.64
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"temperature": -0.1}, "temperature must be >= 0"),
+    ({"top_k": 0}, "top_k must be an integer >= 1"),
+    ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+    ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+    ({"min_p": 2.0}, r"min_p must be in \[0, 1\]"),
+])
+def test_sampling_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingConfig(**kwargs)
