@@ -1,0 +1,287 @@
+"""Benchmark specdec against transformers, profile the pair's costs, and measure batch scaling.
+
+    python experiments/bench.py                       # embedded pair (the README table)
+    python experiments/bench.py --pair gpt2-shaped    # GPT-2 small -> XL shapes, random weights: costs only
+    python experiments/bench.py --pair gpt2-xl        # the real pair, where the hub is reachable
+
+Everything is measured in one process, after warm-up, with methods interleaved per prompt (the order rotates), and
+the device synchronised before every clock read. Prints Markdown tables and writes them with a JSON copy to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import specdec  # noqa: E402
+from specdec.cache import KVCache  # noqa: E402
+from specdec.decode import Clock  # noqa: E402
+
+GPT2_SHAPES = {"draft": dict(n_layer=12, n_embd=768, n_head=12), "target": dict(n_layer=48, n_embd=1600, n_head=25)}
+
+
+@dataclass
+class Pair:
+    name: str
+    draft: torch.nn.Module
+    target: torch.nn.Module
+    prompts: list[list[int]]
+    eos_token_id: int | None
+    meaningful_acceptance: bool
+
+
+def load_bench_pair(name: str, num_prompts: int, device: str, dtype: str) -> Pair:
+    if name == "gpt2-shaped":
+        return random_gpt2_shaped_pair(num_prompts, device, dtype)
+    from specdec.models import load_pair
+    from specdec.prompts import load_prompts
+
+    pair = load_pair(name, device=device, dtype=dtype)
+    texts = [p.text for p in load_prompts("embedded_heldout", limit=num_prompts)]
+    prompts = [pair.tokenizer(text).input_ids for text in texts]
+    return Pair(name, pair.draft, pair.target, prompts, pair.tokenizer.eos_token_id, True)
+
+
+def random_gpt2_shaped_pair(num_prompts: int, device: str, dtype: str) -> Pair:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from specdec.models import resolve_device, resolve_dtype
+
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    models = {}
+    for role, shape in GPT2_SHAPES.items():
+        torch.manual_seed(0)
+        config = GPT2Config(**shape)
+        models[role] = GPT2LMHeadModel(config).to(torch_device, torch_dtype).eval().requires_grad_(False)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 50257, (32,), generator=g).tolist() for _ in range(num_prompts)]
+    return Pair("gpt2-shaped (random weights)", models["draft"], models["target"], prompts, None, False)
+
+
+class ForwardTimer:
+    """Total time spent inside the forward passes of the given models (synchronised), via hooks."""
+
+    def __init__(self, clock: Clock, *models: torch.nn.Module):
+        self.clock, self.seconds, self.started = clock, 0.0, 0.0
+        self.handles = [h for m in models for h in (m.register_forward_pre_hook(self.pre), m.register_forward_hook(self.post))]
+
+    def pre(self, *_):
+        self.started = self.clock.now()
+
+    def post(self, *_):
+        self.seconds += self.clock.now() - self.started
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+@dataclass
+class Tally:
+    tokens: int = 0
+    seconds: float = 0.0
+    forward_seconds: float = 0.0
+    outputs: list = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def overhead(self) -> float:
+        return 1 - self.forward_seconds / self.seconds
+
+
+def ours(pair: Pair, k: int | None, temperature: float, max_new_tokens: int, batch: list[list[int]], seed: int):
+    ids, mask = left_pad(batch, pair.target.device)
+    out = specdec.generate(pair.target, ids, draft=pair.draft if k else None, attention_mask=mask, k=k or 1,
+                           max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=pair.eos_token_id,
+                           seed=seed)
+    return out.tokens
+
+
+def transformers_generate(pair: Pair, k: int | None, temperature: float, max_new_tokens: int, batch, seed: int):
+    ids = torch.tensor(batch, device=pair.target.device)
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
+    assistant = {}
+    if k:
+        pair.draft.generation_config.num_assistant_tokens = k
+        pair.draft.generation_config.num_assistant_tokens_schedule = "constant"
+        assistant = dict(assistant_model=pair.draft)
+    torch.manual_seed(seed)
+    out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                               eos_token_id=pair.eos_token_id, pad_token_id=pair.eos_token_id or 0, **sampling, **assistant)
+    return [out[0, ids.shape[1]:].tolist()]
+
+
+def left_pad(batch: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, batch))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+    return ids, mask
+
+
+def run_interleaved(pair: Pair, methods: dict, prompts, max_new_tokens: int, clock: Clock) -> dict[str, Tally]:
+    """Run every method on every prompt, rotating the order per prompt; one warm-up round first."""
+    tallies = {name: Tally() for name in methods}
+    names = list(methods)
+    for name in names:
+        methods[name](prompts[0], 0)
+    for i, prompt in enumerate(prompts):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            timer = ForwardTimer(clock, pair.draft, pair.target)
+            start = clock.now()
+            tokens = methods[name](prompt, i)
+            elapsed = clock.now() - start
+            timer.remove()
+            tally = tallies[name]
+            tally.tokens += sum(map(len, tokens))
+            tally.seconds += elapsed
+            tally.forward_seconds += timer.seconds
+            tally.outputs.append(tokens)
+    return tallies
+
+
+def comparison_table(pair: Pair, ks: list[int], temperatures: list[float], max_new_tokens: int, clock: Clock) -> list[dict]:
+    rows = []
+    prompts = [[p] for p in pair.prompts]
+    for temperature in temperatures:
+        for k in ks:
+            methods = {
+                "ours_baseline": lambda b, i, t=temperature: ours(pair, None, t, max_new_tokens, b, i),
+                "ours_speculative": lambda b, i, t=temperature, k=k: ours(pair, k, t, max_new_tokens, b, i),
+                "hf_generate": lambda b, i, t=temperature: transformers_generate(pair, None, t, max_new_tokens, b, i),
+                "hf_assisted": lambda b, i, t=temperature, k=k: transformers_generate(pair, k, t, max_new_tokens, b, i),
+            }
+            tallies = run_interleaved(pair, methods, prompts, max_new_tokens, clock)
+            outputs = [t.outputs for t in tallies.values()]
+            rows.append({
+                "temperature": temperature,
+                "k": k,
+                **{f"{name}_tok_s": round(t.tokens_per_s, 1) for name, t in tallies.items()},
+                "spec_vs_hf_assisted": round(tallies["ours_speculative"].tokens_per_s / tallies["hf_assisted"].tokens_per_s, 2),
+                "baseline_vs_hf_generate": round(tallies["ours_baseline"].tokens_per_s / tallies["hf_generate"].tokens_per_s, 2),
+                "spec_speedup": round(tallies["ours_speculative"].tokens_per_s / tallies["ours_baseline"].tokens_per_s, 2),
+                "ours_spec_overhead": round(tallies["ours_speculative"].overhead, 3),
+                "hf_assisted_overhead": round(tallies["hf_assisted"].overhead, 3),
+                "identical_tokens": all(o == outputs[0] for o in outputs) if temperature == 0 else "n/a (sampled)",
+            })
+            print(markdown([rows[-1]]), flush=True)
+    return rows
+
+
+def time_forward(cache: KVCache, tokens: torch.Tensor, clock: Clock, repeats: int) -> float:
+    """Median seconds of one forward of ``tokens`` [B, n] on top of the cache, rolled back after each."""
+    times = []
+    for _ in range(repeats + 2):
+        start = clock.now()
+        cache.forward(tokens, torch.ones_like(tokens))
+        times.append(clock.now() - start)
+        cache.keep(torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device), tokens.shape[1], 0)
+    return statistics.median(times[2:])
+
+
+def cost_profile(pair: Pair, clock: Clock, repeats: int) -> dict:
+    prompt = torch.tensor([pair.prompts[0]], device=pair.target.device)
+    profile = {}
+    with torch.no_grad():
+        for role, model in (("draft", pair.draft), ("target", pair.target)):
+            cache = KVCache(model, 1, prompt.device, role)
+            cache.forward(prompt, torch.ones_like(prompt))
+            for n in range(1, 10) if role == "target" else (1,):
+                profile[f"{role}_forward_{n}_ms"] = 1000 * time_forward(cache, prompt[:, :n], clock, repeats)
+    profile["cost_ratio"] = profile["draft_forward_1_ms"] / profile["target_forward_1_ms"]
+    return {key: round(value, 3) for key, value in profile.items()}
+
+
+def predicted_table(cost_ratio: float, ks: list[int]) -> list[dict]:
+    return [
+        {"alpha": alpha, **{f"k={k}": round(specdec.predicted_speedup(alpha, k, cost_ratio), 2) for k in ks}}
+        for alpha in (0.6, 0.7, 0.8)
+    ]
+
+
+def batch_scaling(pair: Pair, k: int, batch_sizes: list[int], max_new_tokens: int, clock: Clock) -> list[dict]:
+    rows = []
+    for size in batch_sizes:
+        batch = [pair.prompts[i % len(pair.prompts)] for i in range(size)]
+        ours(pair, k, 0.0, max_new_tokens, batch, 0)
+        start = clock.now()
+        tokens = ours(pair, k, 0.0, max_new_tokens, batch, 0)
+        rows.append({"batch": size, "spec_tok_s": sum(map(len, tokens)) / (clock.now() - start)})
+    for row in rows:
+        row["vs_batch_1"] = round(row["spec_tok_s"] / rows[0]["spec_tok_s"], 2)
+        row["spec_tok_s"] = round(row["spec_tok_s"], 1)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(row[h]) for h in header) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", default="embedded", help="embedded | gpt2-shaped | a load_pair preset")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per configuration")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--ks", default="1,2,3,4,5,6,7,8", help="draft lengths to compare")
+    parser.add_argument("--temperatures", default="0,1", help="sampling temperatures to compare")
+    parser.add_argument("--batch-sizes", default="1,4,8,16")
+    parser.add_argument("--repeats", type=int, default=20, help="timed repeats per forward in the cost profile")
+    parser.add_argument("--skip-comparison", action="store_true", help="cost profile and batch scaling only")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--out", default=None, help="directory for bench.md and bench.json")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ks = [int(k) for k in args.ks.split(",")]
+    pair = load_bench_pair(args.pair, args.prompts, args.device, args.dtype)
+    clock = Clock(pair.target.device)
+    device = f"{pair.target.device} {next(pair.target.parameters()).dtype}, torch threads {torch.get_num_threads()}"
+    sections = [f"# specdec benchmark: {pair.name}\n\n{device}; {args.prompts} prompts x {args.max_new_tokens} new tokens"]
+
+    profile = cost_profile(pair, clock, args.repeats)
+    sections.append("## Cost profile (ms per forward, batch 1)\n\n" + markdown([profile]))
+    print(sections[-1], flush=True)
+    if not pair.meaningful_acceptance:
+        sections.append("## Predicted speedup (Leviathan formula, measured c; random weights, so predicted only)\n\n"
+                        + markdown(predicted_table(profile["cost_ratio"], ks)))
+        print(sections[-1], flush=True)
+    if not args.skip_comparison:
+        temperatures = [float(t) for t in args.temperatures.split(",")]
+        with torch.no_grad():
+            rows = comparison_table(pair, ks, temperatures, args.max_new_tokens, clock)
+        sections.append("## Ours vs transformers (tokens/s, batch 1)\n\n" + markdown(rows))
+    with torch.no_grad():
+        scaling = batch_scaling(pair, 4, [int(b) for b in args.batch_sizes.split(",")], args.max_new_tokens, clock)
+    sections.append("## Batch scaling (speculative, greedy, k = 4)\n\n" + markdown(scaling))
+    print(sections[-1], flush=True)
+
+    out = Path(args.out or f"outputs/bench/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.md").write_text("\n\n".join(sections) + "\n")
+    (out / "bench.json").write_text(json.dumps({"args": vars(args), "sections": sections}, indent=1))
+    print(f"\nwritten to {out}/bench.md")
+
+
+if __name__ == "__main__":
+    main()
