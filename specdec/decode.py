@@ -10,6 +10,7 @@ One host sync per step: a handful of scalars that decide termination, rollback l
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -56,6 +57,10 @@ class Clock:
 
     def __init__(self, device: torch.device):
         self.device = device
+
+    def phase(self, enabled: bool):
+        """The clock for within-step phases: synchronised, or a constant 0 that costs no device sync."""
+        return self.now if enabled else lambda: 0.0
 
     def now(self) -> float:
         if self.device.type == "cuda":
@@ -123,8 +128,12 @@ class Decoder:
         strategy: AcceptanceStrategy | None = None,
         draft_length: DraftLengthPolicy | None = None,
         sampling: SamplingConfig | None = None,
+        time_phases: bool = True,
     ):
+        """``time_phases=False`` skips the device syncs that split each step's time into draft / target / other
+        (they cost a little on GPU); those timings and the cost ratio are then NaN."""
         self.target = target
+        self.time_phases = time_phases
         self.drafter = drafter if drafter is not None else NoDrafter()
         self.speculates = not isinstance(self.drafter, NoDrafter)
         self.strategy = strategy if strategy is not None else Speculative()
@@ -167,6 +176,7 @@ class DecodeRun:
         batch_size = input_ids.shape[0]
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.clock = Clock(device)
+        self.phase_clock = self.clock.phase(decoder.time_phases)
         self.k_max = decoder.draft_length.max_k if decoder.speculates else 0
         self.limit = decoder.context_limit if decoder.context_limit is not None else 2**62
         self.prompt_lengths = attention_mask.sum(-1)  # [B]
@@ -183,12 +193,12 @@ class DecodeRun:
         start = self.clock.now()
         decoder.draft_length.start()
         decoder.drafter.start(self.input_ids, self.attention_mask)
-        after_draft_prefill = self.clock.now()
+        after_draft_prefill = self.phase_clock()
         self.target_cache = KVCache(decoder.target, self.input_ids.shape[0], self.input_ids.device, "target")
         if self.input_ids.shape[1] > 1:
             self.target_cache.forward(self.input_ids[:, :-1], self.attention_mask[:, :-1])
-        after_target_prefill = self.clock.now()
-        self.draft_seconds = after_draft_prefill - start
+        after_target_prefill = self.phase_clock()
+        self.draft_seconds = after_draft_prefill - (start if self.decoder.time_phases else 0.0)
         self.target_seconds = after_target_prefill - after_draft_prefill
         self.pending = self.input_ids[:, -1]  # [B] last token, not yet in the target cache
         remaining_max, room_min = self.budget_bounds()
@@ -216,13 +226,13 @@ class DecodeRun:
 
     def step(self, k: int) -> tuple[int, int]:
         decoder, sampling = self.decoder, self.decoder.sampling
-        t0 = self.clock.now()
+        t0 = self.phase_clock()
         proposal = decoder.drafter.propose(k, sampling, self.generator) if k else self.empty_proposal()
-        t1 = self.clock.now()
+        t1 = self.phase_clock()
         verify_ids = torch.cat([self.pending.unsqueeze(1), proposal.tokens], 1)  # [B, k+1]
         verify_mask = self.active.long().unsqueeze(1).expand_as(verify_ids)  # finished rows feed holes
         target_logits = self.target_cache.forward(verify_ids, verify_mask)  # [B, k+1, V]
-        t2 = self.clock.now()
+        t2 = self.phase_clock()
         target_probs = logits_to_probs(target_logits, sampling)  # [B, k+1, V]
         vocab_size = target_probs.shape[-1]
         draft_probs = proposal.probs if proposal.probs is not None else one_hot_probs(proposal.tokens, vocab_size)
@@ -263,7 +273,7 @@ class DecodeRun:
 
         self.target_cache.keep(num_new, k + 1, max_new)
         self.pending = verdict.next_token
-        t3 = self.clock.now()
+        t3 = self.phase_clock()
         outcome = StepOutcome(
             k=k,
             num_accepted=verdict.num_accepted,
@@ -278,7 +288,7 @@ class DecodeRun:
             target_seconds=t2 - t1,
         )
         decoder.drafter.commit(outcome)
-        t4 = self.clock.now()
+        t4 = self.phase_clock()
         decoder.draft_length.observe(outcome)
         self.record_times(draft=(t1 - t0) + (t4 - t3), target=t2 - t1)
         return remaining_max, room_min
@@ -309,6 +319,9 @@ class DecodeRun:
         counts = self.emitted.tolist()
         tokens = [row[:count] for row, count in zip(rows, counts)]
         overlap_sum, overlap_count = self.counters.overlap_sum.item(), int(self.counters.overlap_count.item())
+        if not self.decoder.time_phases:
+            self.draft_seconds = self.target_seconds = math.nan
+            self.draft_step_seconds = self.target_step_seconds = math.nan
         stats = DecodeStats(
             rows=self.counters.rows(self.emitted),
             draft_forwards=self.decoder.drafter.num_forwards,

@@ -112,3 +112,12 @@ def test_nan_logits_raise_naming_the_model(broken):
         models[broken].lm_head.weight[3, 0] = float("nan")
     with pytest.raises(NonFiniteLogitsError, match=f"the {broken} model produced NaN/inf logits"):
         specdec.generate(models["target"], torch.tensor([[1, 2, 3]]), draft=models["draft"], max_new_tokens=8)
+
+
+def test_untimed_phases_give_the_same_tokens_and_nan_phase_times(target, draft):
+    ids = torch.tensor([[4, 5, 6]])
+    timed = specdec.Decoder(target, specdec.ModelDrafter(draft)).generate(ids, max_new_tokens=10)
+    untimed = specdec.Decoder(target, specdec.ModelDrafter(draft), time_phases=False).generate(ids, max_new_tokens=10)
+    assert untimed.tokens == timed.tokens
+    assert math.isnan(untimed.stats.draft_seconds) and math.isnan(untimed.stats.cost_ratio)
+    assert untimed.stats.wall_seconds > 0 and timed.stats.target_seconds > 0
