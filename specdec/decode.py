@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.cache import KVCache
+from specdec.cache import KVCache, context_limit, static_capacity
 from specdec.drafters import Drafter, NoDrafter
 from specdec.policies import DraftLengthPolicy, FixedLength
 from specdec.sampling import SamplingConfig, logits_to_probs, one_hot_probs
@@ -70,16 +70,6 @@ class Clock:
         return time.perf_counter()
 
 
-def context_limit(model: torch.nn.Module) -> int | None:
-    """Largest number of positions the model can attend over, if its config says."""
-    config = model.config
-    for name in ("max_position_embeddings", "n_positions"):
-        value = getattr(config, name, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
 class RowCounters:
     """Per-row statistics accumulated on the device, read once at the end."""
 
@@ -129,11 +119,14 @@ class Decoder:
         draft_length: DraftLengthPolicy | None = None,
         sampling: SamplingConfig | None = None,
         time_phases: bool = True,
+        cache_layout: str = "dynamic",
     ):
         """``time_phases=False`` skips the device syncs that split each step's time into draft / target / other
-        (they cost a little on GPU); those timings and the cost ratio are then NaN."""
+        (they cost a little on GPU); those timings and the cost ratio are then NaN. ``cache_layout`` is the
+        target cache's: "dynamic" (grows) or "static" (preallocated, fixed addresses for CUDA graphs)."""
         self.target = target
         self.time_phases = time_phases
+        self.cache_layout = cache_layout
         self.drafter = drafter if drafter is not None else NoDrafter()
         self.speculates = not isinstance(self.drafter, NoDrafter)
         self.strategy = strategy if strategy is not None else Speculative()
@@ -194,7 +187,11 @@ class DecodeRun:
         decoder.draft_length.start()
         decoder.drafter.start(self.input_ids, self.attention_mask)
         after_draft_prefill = self.phase_clock()
-        self.target_cache = KVCache(decoder.target, self.input_ids.shape[0], self.input_ids.device, "target")
+        capacity = None
+        if decoder.cache_layout == "static":
+            capacity = static_capacity(decoder.target, self.input_ids.shape[1]) + self.k_max
+        batch_size, device = self.input_ids.shape[0], self.input_ids.device
+        self.target_cache = KVCache(decoder.target, batch_size, device, "target", decoder.cache_layout, capacity)
         if self.input_ids.shape[1] > 1:
             self.target_cache.forward(self.input_ids[:, :-1], self.attention_mask[:, :-1])
         after_target_prefill = self.phase_clock()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from specdec.cache import KVCache
+from specdec.cache import KVCache, static_capacity
 from specdec.sampling import SamplingConfig, logits_to_probs, sample
 from specdec.types import Proposal
 
@@ -32,14 +32,16 @@ class Drafter(Protocol):
 class ModelDrafter:
     """Drafts autoregressively with a small causal LM that shares the target's vocabulary."""
 
-    def __init__(self, model: torch.nn.Module, label: str = "draft"):
+    def __init__(self, model: torch.nn.Module, label: str = "draft", cache_layout: str = "dynamic"):
         self.model = model
         self.label = label
+        self.cache_layout = cache_layout
         self.num_forwards = 0
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
         """Cache the prompt but its last token, which the first ``propose`` feeds."""
-        self.cache = KVCache(self.model, input_ids.shape[0], input_ids.device, self.label)
+        capacity = static_capacity(self.model, input_ids.shape[1]) if self.cache_layout == "static" else None
+        self.cache = KVCache(self.model, input_ids.shape[0], input_ids.device, self.label, self.cache_layout, capacity)
         if input_ids.shape[1] > 1:
             self.cache.forward(input_ids[:, :-1], attention_mask[:, :-1])
         # Tokens already emitted but not yet in this cache; unfed[:, j] is a hole where unfed_mask is 0.

@@ -1,0 +1,69 @@
+"""Cache layouts and compaction change where slots live, never what the model sees: outputs stay exact."""
+
+import pytest
+import torch
+
+import specdec
+from specdec.cache import KVCache
+from conftest import hf_greedy, left_pad, random_prompts
+
+
+def decoder(target, draft, layout):
+    return specdec.Decoder(target, specdec.ModelDrafter(draft, cache_layout=layout), specdec.Greedy(),
+                           specdec.FixedLength(5), cache_layout=layout)
+
+
+@pytest.mark.parametrize("layout", ["dynamic", "static"])
+def test_ragged_batch_with_many_rejections_is_exact_in_both_layouts(target, draft, layout):
+    prompts = random_prompts([3, 12, 7], seed=21)
+    ids, mask = left_pad(prompts)
+    out = decoder(target, draft, layout).generate(ids, mask, max_new_tokens=70)
+    assert out.tokens == [hf_greedy(target, p, 70) for p in prompts]
+
+
+def test_compaction_gathers_committed_slots_and_keeps_logits_exact(target):
+    prompts = random_prompts([4, 9], seed=22)
+    ids, mask = left_pad(prompts)
+    cache = KVCache(target, 2, ids.device, "target")
+    cache.forward(ids, mask)
+    holes = torch.tensor([[7, 8, 9], [10, 11, 12]])
+    cache.forward(holes, torch.ones_like(holes))
+    cache.keep(torch.tensor([0, 0]), 3, max_kept=0)  # every row rejects: cropped, no holes left
+    assert cache.num_slots == ids.shape[1]
+    cache.forward(holes, torch.ones_like(holes))
+    cache.keep(torch.tensor([1, 3]), 3, max_kept=3)  # row 0 keeps one of three: two holes
+    assert cache.num_slots == ids.shape[1] + 3
+    committed_before = cache.mask.sum(-1).tolist()
+    cache.compact()
+    assert cache.mask.sum(-1).tolist() == committed_before
+    assert cache.num_slots == max(committed_before)
+    nxt = torch.tensor([[5], [6]])
+    logits = cache.forward(nxt, torch.ones_like(nxt))[:, -1]
+    expected = [target(torch.tensor([p + row + n])).logits[0, -1]
+                for p, row, n in zip(prompts, ([7], [10, 11, 12]), ([5], [6]))]
+    assert torch.allclose(logits, torch.stack(expected), atol=1e-10)
+
+
+def test_static_cache_compacts_when_full_and_matches_dynamic(target, draft, monkeypatch):
+    """A deliberately small static cache (context limit 128 + prompt width - 85 slots) forces compaction. Same seed, same tokens as the dynamic layout."""
+    import specdec.cache as cache_module
+
+    compactions = []
+    original = cache_module.KVCache.compact
+    monkeypatch.setattr(cache_module, "STATIC_CACHE_SLACK", -85)
+    monkeypatch.setattr(cache_module.KVCache, "compact", lambda self: compactions.append(self.label) or original(self))
+    prompts = random_prompts([2, 10, 6], seed=23)
+    ids, mask = left_pad(prompts)
+    runs = {
+        layout: specdec.Decoder(target, specdec.ModelDrafter(draft, cache_layout=layout), specdec.Speculative(),
+                                specdec.FixedLength(5), specdec.SamplingConfig(temperature=1.0),
+                                cache_layout=layout).generate(ids, mask, max_new_tokens=40, seed=3)
+        for layout in ("dynamic", "static")
+    }
+    assert runs["static"].tokens == runs["dynamic"].tokens
+    assert compactions  # the same KVCache code compacts target and draft caches
+
+
+def test_unknown_layout_is_rejected(target):
+    with pytest.raises(ValueError, match="unknown cache layout 'paged'; known layouts: dynamic, static"):
+        KVCache(target, 1, torch.device("cpu"), "target", "paged")
