@@ -23,7 +23,9 @@ LAYER_LIST_NAMES = ("h", "layers", "blocks", "layer")  # where decoder blocks li
 def num_layers_of(model: torch.nn.Module) -> int:
     value = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     if not isinstance(value, int):
-        raise ValueError(f"early exit needs a transformers model whose config has num_hidden_layers; got {type(model).__name__}")
+        raise ValueError(
+            f"early exit needs a transformers model whose config has num_hidden_layers; got {type(model).__name__}"
+        )
     return value
 
 
@@ -43,7 +45,7 @@ def shallow_view(target: torch.nn.Module, num_layers: int) -> torch.nn.Module:
     """A model of ``type(target)`` running the target's first ``num_layers`` blocks, sharing every parameter."""
     total = num_layers_of(target)
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= total:
-        raise ValueError(f"num_layers must be an integer in [1, {total}] (the target has {total} layers), got {num_layers!r}")
+        raise ValueError(f"num_layers must be an integer in [1, {total}] (the target has {total}), got {num_layers!r}")
     prefix = getattr(target, "base_model_prefix", "")
     base = getattr(target, prefix, None) if prefix else None
     if not isinstance(base, torch.nn.Module) or base is target:

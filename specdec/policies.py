@@ -76,6 +76,12 @@ def check_probability(name: str, value: object, low_open: bool = False, high_ope
     return float(value)
 
 
+def check_positive(name: str, value: object, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 if allow_zero else value > 0):
+        raise ValueError(f"{name} must be a number {'>=' if allow_zero else '>'} 0, got {value!r}")
+    return float(value)
+
+
 class HeuristicLength:
     """transformers' assisted-generation schedule: k <- k + 2 after a fully accepted draft, else k - 1.
 
@@ -118,9 +124,9 @@ class ConfidenceLength:
 
     After drafting token i (i < k_max) the draft stops when no generating row is confident, i.e. when
     max_x q_i(x) < threshold for every active row, where q_i = softmax(draft logits) before the sampling settings
-    (so the rule also works at temperature 0; transformers' ``assistant_confidence_threshold`` uses the same
-    quantity, default 0.4). At least one token is always drafted. Drafters without distributions (n-gram) never
-    stop early.
+    (so the rule also works at temperature 0). transformers' ``assistant_confidence_threshold`` (default 0.4)
+    judges the drafted token's probability instead, which is the same under greedy drafting. At least one token
+    is always drafted. Drafters without distributions (n-gram) never stop early.
     """
 
     name = "confidence"
@@ -191,13 +197,9 @@ class CostOptimalLength:
         if self.k_min > self.k_max:
             raise ValueError(f"need k_min <= k_max, got k_min={k_min}, k_max={k_max}")
         self.prior_acceptance = check_probability("prior_acceptance", prior_acceptance)
-        if isinstance(prior_cost_ratio, bool) or not isinstance(prior_cost_ratio, (int, float)) or not prior_cost_ratio >= 0:
-            raise ValueError(f"prior_cost_ratio must be a number >= 0, got {prior_cost_ratio!r}")
-        self.prior_cost_ratio = float(prior_cost_ratio)
+        self.prior_cost_ratio = check_positive("prior_cost_ratio", prior_cost_ratio, allow_zero=True)
         self.decay = check_probability("decay", decay, high_open=True)
-        if isinstance(prior_weight, bool) or not isinstance(prior_weight, (int, float)) or not prior_weight > 0:
-            raise ValueError(f"prior_weight must be a number > 0, got {prior_weight!r}")
-        self.prior_weight = float(prior_weight)
+        self.prior_weight = check_positive("prior_weight", prior_weight)
         self.start()
 
     @property

@@ -32,7 +32,17 @@ VOCAB = 97
 NEW_TOKENS = 16
 
 
-def tiny_gpt2(seed: int, layers: int = 2, vocab: int = VOCAB, width: int = 32, positions: int = 128, init: float = 0.02):
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and the CI machine is shared: oversubscribed threads wait on each
+    other (this file takes 3x longer with 2 threads on 2 busy cores). Restored after the module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_gpt2(seed: int, layers: int = 2, vocab: int = VOCAB, width: int = 32, positions: int = 128, init=0.02):
     """float64 so that batched and incremental forwards agree and argmax ties never flip."""
     torch.manual_seed(seed)
     config = GPT2Config(
@@ -181,18 +191,20 @@ def reference_proposal(tokens: list[int], k: int, max_ngram: int, min_ngram: int
 def test_batched_matching_equals_the_row_by_row_rule_through_ragged_commits():
     g = torch.Generator().manual_seed(0)
     lengths = [1, 4, 9, 2, 6]
-    rows = [torch.randint(1, 4, (n,), generator=g).tolist() for n in lengths]  # 3 symbols: many matches
+    rows = [torch.randint(1, 7, (n,), generator=g).tolist() for n in lengths]  # 6 symbols: matches of every n
     ids, mask = left_pad(rows)
     drafter = NGramDrafter(max_ngram=3, min_ngram=1)
     drafter.start(ids, mask)
     capacity = drafter.history.shape[1]
+    ngram_lengths_seen = set()
     for step in range(40):
         k = 1 + step % 5
+        ngram_lengths_seen.update(drafter.match()[1].tolist())
         proposal = drafter.propose(k, SamplingConfig(), g).tokens
         assert proposal.tolist() == [reference_proposal(r, k, 3, 1) for r in rows], step
         active = torch.tensor([True, True, step % 3 != 0, True, step < 20])
         num_accepted = torch.randint(0, k + 1, (len(rows),), generator=g)
-        new_tokens = torch.cat([proposal, torch.randint(1, 4, (len(rows), 1), generator=g)], 1)
+        new_tokens = torch.randint(1, 7, (len(rows), k + 1), generator=g)  # any text: this tests the drafter
         num_new = (num_accepted + 1) * active
         for i, count in enumerate(num_new.tolist()):
             rows[i].extend(new_tokens[i, :count].tolist())
@@ -200,7 +212,8 @@ def test_batched_matching_equals_the_row_by_row_rule_through_ragged_commits():
         drafter.commit(StepOutcome(k, num_accepted, new_tokens[:, -1], new_tokens, num_new, active,
                                    int(live.max()), int(live.min()), 0.0, 0.0))
     assert drafter.lengths.tolist() == [len(r) for r in rows]
-    assert drafter.history.shape[1] > capacity >= max(map(len, rows)) - 150  # the buffer grew along the way
+    assert max(map(len, rows)) > capacity  # the history buffer had to grow on the way
+    assert ngram_lengths_seen == {0, 1, 2, 3}  # no match, and matches of each length, all came up
 
 
 # --- early exit ------------------------------------------------------------------------------------------------
@@ -237,7 +250,8 @@ def test_model_drafter_stops_when_the_hook_says_so_and_the_loop_uses_the_shorter
     ids = torch.tensor([[3, 4, 5]])
     drafter.start(ids, torch.ones_like(ids))
     asked = []
-    proposal = drafter.propose(5, SamplingConfig(), torch.Generator(), stop=lambda probs: asked.append(probs) or len(asked) == 2)
+    stop_after_two = lambda probs: asked.append(probs) or len(asked) == 2  # noqa: E731
+    proposal = drafter.propose(5, SamplingConfig(), torch.Generator(), stop=stop_after_two)
     assert proposal.tokens.shape == (1, 2) and proposal.probs.shape == (1, 2, VOCAB) and drafter.num_forwards == 2
     torch.testing.assert_close(asked[0].sum(-1), torch.ones(1, dtype=asked[0].dtype))  # a distribution per row
 
