@@ -8,7 +8,9 @@
 from specdec.api import generate
 from specdec.decode import Decoder, GenerationOutput, NonFiniteLogitsError, StepOutcome
 from specdec.drafters import Drafter, ModelDrafter, NoDrafter
-from specdec.policies import DraftLengthPolicy, FixedLength
+from specdec.early_exit import EarlyExitDrafter
+from specdec.ngram import NGramDrafter
+from specdec.policies import ConfidenceLength, CostOptimalLength, DraftLengthPolicy, FixedLength, HeuristicLength
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.stats import DecodeStats, RowStats, predicted_speedup
 from specdec.strategies import STRATEGIES, Greedy, Speculative, TopK, Typical, make_strategy
@@ -23,8 +25,13 @@ __all__ = [
     "Drafter",
     "ModelDrafter",
     "NoDrafter",
+    "NGramDrafter",
+    "EarlyExitDrafter",
     "DraftLengthPolicy",
     "FixedLength",
+    "HeuristicLength",
+    "ConfidenceLength",
+    "CostOptimalLength",
     "SamplingConfig",
     "logits_to_probs",
     "DecodeStats",

@@ -224,7 +224,8 @@ class DecodeRun:
     def step(self, k: int) -> tuple[int, int]:
         decoder, sampling = self.decoder, self.decoder.sampling
         t0 = self.phase_clock()
-        proposal = decoder.drafter.propose(k, sampling, self.generator) if k else self.empty_proposal()
+        proposal = self.propose(k) if k else self.empty_proposal()
+        k = proposal.tokens.shape[1]  # fewer than asked when the policy stopped the draft early
         t1 = self.phase_clock()
         verify_ids = torch.cat([self.pending.unsqueeze(1), proposal.tokens], 1)  # [B, k+1]
         verify_mask = self.active.long().unsqueeze(1).expand_as(verify_ids)  # finished rows feed holes
@@ -289,6 +290,15 @@ class DecodeRun:
         decoder.draft_length.observe(outcome)
         self.record_times(draft=(t1 - t0) + (t4 - t3), target=t2 - t1)
         return remaining_max, room_min
+
+    def propose(self, k: int) -> Proposal:
+        """Ask the drafter for up to k tokens, letting the policy stop the draft early if it has ``should_stop``."""
+        drafter, sampling = self.decoder.drafter, self.decoder.sampling
+        should_stop = getattr(self.decoder.draft_length, "should_stop", None)
+        if should_stop is None:
+            return drafter.propose(k, sampling, self.generator)
+        active = self.active  # [B] rows generating this step; the policy ignores the others
+        return drafter.propose(k, sampling, self.generator, stop=lambda draft_probs: should_stop(draft_probs, active))
 
     def count_new(self, new_tokens: torch.Tensor, num_accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[B] tokens each row emits this step (kept drafts + 1, cut at EOS and the budget) and [B] EOS reached."""

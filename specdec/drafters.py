@@ -1,13 +1,20 @@
 """Drafters propose tokens; the decode loop decides what to keep and tells them through ``commit``.
 
-Interface (duck-typed, see ``Drafter``): ``start`` sees the prompt, ``propose(k, ...)`` returns only the ``k`` new
+Interface (duck-typed, see ``Drafter``): ``start`` sees the prompt, ``propose(k, ...)`` returns only the new
 tokens (and their distributions where it has them), ``commit(outcome)`` learns what was kept. A drafter that
 holds a KV cache owns it and rolls it back in ``commit``, its one place to do so.
+
+``propose`` takes an optional ``stop(draft_probs [B, V]) -> bool``, asked after each drafted token but the last
+with that token's softmax(draft logits) (before sampling settings); when it says True the drafter returns the
+tokens so far, so a proposal may hold fewer than k tokens (at least one). Drafters without distributions may
+ignore it. Drafters here: ``ModelDrafter`` (a small LM), ``NoDrafter`` (the baseline), and in their own modules
+``specdec.ngram.NGramDrafter`` (prompt lookup) and ``specdec.early_exit.EarlyExitDrafter`` (the target's first
+layers).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 
@@ -18,19 +25,25 @@ from specdec.types import Proposal
 if TYPE_CHECKING:
     from specdec.decode import StepOutcome
 
+StopHook = Callable[[torch.Tensor], bool]  # [B, V] draft distribution of the token just drafted -> stop now?
+
 
 class Drafter(Protocol):
     num_forwards: int  # draft forward passes since ``start`` (for the cost ratio)
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None: ...
 
-    def propose(self, k: int, sampling: SamplingConfig, generator: torch.Generator) -> Proposal: ...
+    def propose(
+        self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None = None
+    ) -> Proposal: ...
 
     def commit(self, outcome: StepOutcome) -> None: ...
 
 
 class ModelDrafter:
     """Drafts autoregressively with a small causal LM that shares the target's vocabulary."""
+
+    name = "model"
 
     def __init__(self, model: torch.nn.Module, label: str = "draft", cache_layout: str = "dynamic"):
         self.model = model
@@ -50,19 +63,23 @@ class ModelDrafter:
         self.live = torch.ones_like(self.unfed)  # [B, 1] 0 for finished rows, which feed only holes
         self.num_forwards = 0
 
-    def propose(self, k: int, sampling: SamplingConfig, generator: torch.Generator) -> Proposal:
+    def propose(
+        self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None = None
+    ) -> Proposal:
         feed, feed_mask = self.unfed, self.unfed_mask
         tokens, probs = [], []
         finite = torch.ones((), dtype=torch.bool, device=feed.device)
-        for _ in range(k):
+        for i in range(k):
             logits = self.cache.forward(feed, feed_mask)[:, -1]  # [B, V]
             finite &= torch.isfinite(logits).all()
             step_probs = logits_to_probs(logits, sampling)  # [B, V]
             token = sample(step_probs, generator)  # [B]
             tokens.append(token)
             probs.append(step_probs)
+            self.num_forwards += 1
+            if stop is not None and i < k - 1 and stop(logits.float().softmax(-1)):
+                break  # the cache has seen every drafted token but the last, as after a full draft
             feed, feed_mask = token.unsqueeze(1), self.live
-        self.num_forwards += k
         self.proposed = torch.stack(tokens, 1)  # [B, k]
         return Proposal(self.proposed, torch.stack(probs, 1), finite)
 
@@ -86,12 +103,15 @@ class ModelDrafter:
 class NoDrafter:
     """Proposes nothing: the decode loop with it is plain autoregressive decoding (the baseline)."""
 
+    name = "none"
     num_forwards = 0
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
         """No state."""
 
-    def propose(self, k: int, sampling: SamplingConfig, generator: torch.Generator) -> Proposal:
+    def propose(
+        self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None = None
+    ) -> Proposal:
         raise RuntimeError("NoDrafter proposes nothing; the loop must ask it for k = 0 only")
 
     def commit(self, outcome: StepOutcome) -> None:
