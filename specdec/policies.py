@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from specdec.stats import predicted_speedup
+
 if TYPE_CHECKING:
     from specdec.decode import StepOutcome
 
@@ -158,14 +160,6 @@ class ConfidenceLength:
 TIE_TOLERANCE = 1e-9  # relative: predicted speedups closer than this count as equal
 
 
-def expected_speedup(acceptance: float, k: int, cost_ratio: float) -> float:
-    """Predicted speedup of drafting k tokens (Leviathan et al. 2023, eq. 1), in the form that allows a = 1:
-
-        (1 - a^(k+1)) / ((1 - a)(k c + 1))  =  (sum_{i=0..k} a^i) / (k c + 1)
-    """
-    return sum(acceptance**i for i in range(k + 1)) / (k * cost_ratio + 1)
-
-
 class CostOptimalLength:
     """Each step choose k in [k_min, k_max] maximising the predicted speedup from running estimates of a and c.
 
@@ -221,7 +215,7 @@ class CostOptimalLength:
     def best_k(self, acceptance: float, cost_ratio: float) -> int:
         """argmax over k in [k_min, k_max] of the predicted speedup; the smallest k within a relative 1e-9 of it
         (longer drafts whose gain is rounding noise, e.g. a^12 at a = 0.05, are not worth drafting)."""
-        speedups = {k: expected_speedup(acceptance, k, cost_ratio) for k in range(self.k_min, self.k_max + 1)}
+        speedups = {k: predicted_speedup(acceptance, k, cost_ratio) for k in range(self.k_min, self.k_max + 1)}
         best = max(speedups.values())
         return min(k for k, speedup in speedups.items() if speedup >= best * (1 - TIE_TOLERANCE))
 

@@ -138,7 +138,8 @@ class DecodeStats:
 
 
 def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:
-    """Leviathan et al. (2023) eq. 1: expected walltime improvement (1 - a^(k+1)) / ((1 - a)(k c + 1))."""
-    if alpha == 1:
-        return (k + 1) / (k * cost_ratio + 1)
-    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * cost_ratio + 1))
+    """Leviathan et al. (2023) eq. 1, expected walltime improvement, in the form that also holds at alpha = 1:
+
+        (1 - a^(k+1)) / ((1 - a)(k c + 1))  =  (sum_{i=0..k} a^i) / (k c + 1)
+    """
+    return sum(alpha**i for i in range(k + 1)) / (k * cost_ratio + 1)

@@ -7,11 +7,14 @@ from transformers import GPT2Config, GPT2LMHeadModel
 VOCAB = 97
 
 
-def tiny_gpt2(seed: int, layers: int = 2, width: int = 32, vocab: int = VOCAB, positions: int = 128) -> GPT2LMHeadModel:
-    """float64 so that batched and incremental forwards agree to the last bit and argmax ties never flip."""
+def tiny_gpt2(
+    seed: int, layers: int = 2, width: int = 32, vocab: int = VOCAB, positions: int = 128, init: float = 0.02
+) -> GPT2LMHeadModel:
+    """float64 so that batched and incremental forwards agree to the last bit and argmax ties never flip.
+    A larger ``init`` (weight std) gives peakier, less uniform distributions."""
     torch.manual_seed(seed)
     config = GPT2Config(
-        vocab_size=vocab, n_positions=positions, n_embd=width, n_layer=layers, n_head=2,
+        vocab_size=vocab, n_positions=positions, n_embd=width, n_layer=layers, n_head=2, initializer_range=init,
         bos_token_id=None, eos_token_id=None, pad_token_id=0,
     )
     return GPT2LMHeadModel(config).eval().double().requires_grad_(False)
@@ -37,6 +40,16 @@ def left_pad(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torc
 def random_prompts(lengths: list[int], seed: int = 0, vocab: int = VOCAB) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(1, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """Tiny models run fastest on one thread, and CI's two cores are shared: oversubscribed threads wait on each
+    other. Restored after the session."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

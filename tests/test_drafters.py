@@ -27,29 +27,10 @@ from specdec.policies import ConfidenceLength, CostOptimalLength, FixedLength, H
 from specdec.sampling import SamplingConfig, sample
 from specdec.strategies import Speculative, count_leading_true, probs_of, row_at
 from specdec.types import Verdict
+from conftest import left_pad, tiny_gpt2
 
 VOCAB = 97
 NEW_TOKENS = 16
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and the CI machine is shared: oversubscribed threads wait on each
-    other (this file takes 3x longer with 2 threads on 2 busy cores). Restored after the module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny_gpt2(seed: int, layers: int = 2, vocab: int = VOCAB, width: int = 32, positions: int = 128, init=0.02):
-    """float64 so that batched and incremental forwards agree and argmax ties never flip."""
-    torch.manual_seed(seed)
-    config = GPT2Config(
-        vocab_size=vocab, n_positions=positions, n_embd=width, n_layer=layers, n_head=2, initializer_range=init,
-        bos_token_id=None, eos_token_id=None, pad_token_id=0,
-    )
-    return GPT2LMHeadModel(config).eval().double().requires_grad_(False)
 
 
 TARGET = tiny_gpt2(0, layers=3)
@@ -63,13 +44,6 @@ def hf_greedy(prompt: tuple[int, ...], max_new_tokens: int = NEW_TOKENS) -> list
     out = TARGET.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
                           eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
-
-
-def left_pad(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return ids, mask
 
 
 def prompts_with_repeats(lengths: list[int], seed: int) -> list[list[int]]:

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from specdec.decode import StepOutcome
-from specdec.policies import ConfidenceLength, CostOptimalLength, FixedLength, HeuristicLength, expected_speedup
+from specdec.policies import ConfidenceLength, CostOptimalLength, FixedLength, HeuristicLength
+from specdec.stats import predicted_speedup
 
 
 def outcome(k: int, accepted: list[int], active: list[bool] | None = None, draft_seconds=0.0, target_seconds=0.0):
@@ -131,7 +132,7 @@ def test_cost_optimal_choice_is_the_brute_force_argmax_of_the_predicted_speedup(
     policy = CostOptimalLength(k_max=k_max, k_min=k_min)
     for alpha, c in itertools.product(ALPHAS, COSTS):
         assert policy.best_k(alpha, c) == brute_force_k(alpha, c, k_min, k_max), (alpha, c)
-        assert expected_speedup(alpha, 3, c) == pytest.approx(leviathan(alpha, 3, c))
+        assert predicted_speedup(alpha, 3, c) == pytest.approx(leviathan(alpha, 3, c))
     assert policy.best_k(1.0, 0.1) == k_max  # a = 1 (the sum form needs no limit): (k + 1) / (0.1 k + 1) grows
 
 
