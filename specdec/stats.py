@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 def ratio(numerator: float, denominator: float) -> float:
@@ -57,37 +57,26 @@ class DecodeStats:
     target_step_seconds: float  # target_seconds less the target prefill
     expected_overlap_sum: float = 0.0  # sum over verified positions of sum_x min(q, p)
     expected_overlap_count: int = 0
-    extra: dict = field(default_factory=dict)
 
     @property
-    def drafted(self) -> int:
-        return sum(r.drafted for r in self.rows)
+    def totals(self) -> RowStats:
+        """The rows' counts summed: the whole call as one row."""
+        return RowStats(
+            emitted=sum(r.emitted for r in self.rows),
+            drafted=sum(r.drafted for r in self.rows),
+            accepted=sum(r.accepted for r in self.rows),
+            target_calls=sum(r.target_calls for r in self.rows),
+            position_attempts=[sum(col) for col in zip(*(r.position_attempts for r in self.rows))],
+            position_accepts=[sum(col) for col in zip(*(r.position_accepts for r in self.rows))],
+        )
 
-    @property
-    def accepted(self) -> int:
-        return sum(r.accepted for r in self.rows)
-
-    @property
-    def target_calls(self) -> int:
-        return sum(r.target_calls for r in self.rows)
-
-    @property
-    def emitted(self) -> int:
-        return sum(r.emitted for r in self.rows)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return ratio(self.accepted, self.drafted)
-
-    @property
-    def mean_accepted_length(self) -> float:
-        return ratio(self.emitted, self.target_calls)
-
-    @property
-    def per_position(self) -> list[float]:
-        attempts = [sum(col) for col in zip(*(r.position_attempts for r in self.rows))]
-        accepts = [sum(col) for col in zip(*(r.position_accepts for r in self.rows))]
-        return [ratio(a, n) for a, n in zip(accepts, attempts)]
+    drafted = property(lambda self: self.totals.drafted)
+    accepted = property(lambda self: self.totals.accepted)
+    target_calls = property(lambda self: self.totals.target_calls)
+    emitted = property(lambda self: self.totals.emitted)
+    acceptance_rate = property(lambda self: self.totals.acceptance_rate)
+    mean_accepted_length = property(lambda self: self.totals.mean_accepted_length)
+    per_position = property(lambda self: self.totals.per_position)
 
     @property
     def expected_acceptance(self) -> float | None:
