@@ -27,26 +27,30 @@ def generate(
     *,
     min_p: float | None = None,
     draft_length: DraftLengthPolicy | None = None,
+    cache_layout: str = "dynamic",
 ) -> GenerationOutput:
     """Generate up to ``max_new_tokens`` per row with ``target``, drafted by ``draft`` (None: autoregressive).
 
     ``draft`` is a causal LM sharing the target's vocabulary, or any object with the ``Drafter`` interface.
     ``input_ids`` [B, T] may be left-padded, with ``attention_mask`` zeros on the padding. Temperature 0 is
     greedy. ``draft_length`` overrides the fixed ``k`` with a policy. Randomness comes only from ``seed``.
+    ``cache_layout="static"`` preallocates both KV caches (fixed addresses, for CUDA graphs / compile).
     """
     sampling = SamplingConfig(temperature, top_k, top_p, min_p)
     acceptance = make_strategy(strategy)
     policy = draft_length if draft_length is not None else FixedLength(k)
     check_model("target", target)
-    drafter = as_drafter(draft, target)
+    drafter = as_drafter(draft, target, cache_layout)
     check_device("input_ids", input_ids, target)
     if attention_mask is not None:
         check_device("attention_mask", attention_mask, target)
-    decoder = Decoder(target, drafter, acceptance, policy, sampling)
+    decoder = Decoder(target, drafter, acceptance, policy, sampling, cache_layout=cache_layout)
     return decoder.generate(input_ids, attention_mask, max_new_tokens, eos_token_id, seed)
 
 
-def as_drafter(draft: torch.nn.Module | Drafter | None, target: torch.nn.Module) -> Drafter | None:
+def as_drafter(
+    draft: torch.nn.Module | Drafter | None, target: torch.nn.Module, cache_layout: str = "dynamic"
+) -> Drafter | None:
     """A causal LM becomes a ``ModelDrafter`` after checking it can draft for ``target``."""
     if draft is None or not isinstance(draft, torch.nn.Module):
         if draft is not None and not all(hasattr(draft, m) for m in ("start", "propose", "commit")):
@@ -61,7 +65,7 @@ def as_drafter(draft: torch.nn.Module | Drafter | None, target: torch.nn.Module)
     draft_device, target_device = model_device(draft), model_device(target)
     if draft_device != target_device:
         raise ValueError(f"draft is on {draft_device} but target on {target_device}; put both on one device")
-    return ModelDrafter(draft)
+    return ModelDrafter(draft, cache_layout=cache_layout)
 
 
 def check_model(role: str, model: object) -> None:

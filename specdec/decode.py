@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.cache import KVCache, context_limit, static_capacity
+from specdec.cache import CACHE_LAYOUTS, KVCache, context_limit, static_capacity
 from specdec.drafters import Drafter, NoDrafter
 from specdec.policies import DraftLengthPolicy, FixedLength
 from specdec.sampling import SamplingConfig, logits_to_probs, one_hot_probs
@@ -124,6 +124,8 @@ class Decoder:
         """``time_phases=False`` skips the device syncs that split each step's time into draft / target / other
         (they cost a little on GPU); those timings and the cost ratio are then NaN. ``cache_layout`` is the
         target cache's: "dynamic" (grows) or "static" (preallocated, fixed addresses for CUDA graphs)."""
+        if cache_layout not in CACHE_LAYOUTS:
+            raise ValueError(f"unknown cache layout {cache_layout!r}; known layouts: {', '.join(CACHE_LAYOUTS)}")
         self.target = target
         self.time_phases = time_phases
         self.cache_layout = cache_layout

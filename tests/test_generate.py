@@ -84,6 +84,7 @@ BAD_INPUTS = [
     ({"eos_token_id": "eos"}, ValueError, "eos_token_id must be"),
     ({"input_ids": torch.ones(1, 4, dtype=torch.long, device="meta")}, ValueError, "input_ids is on meta"),
     ({"draft": "gpt2"}, TypeError, "draft must be a causal LM, a Drafter, or None; got str"),
+    ({"cache_layout": "paged"}, ValueError, "unknown cache layout 'paged'; known layouts: dynamic, static"),
 ]
 
 
