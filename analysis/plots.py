@@ -1,0 +1,157 @@
+"""The plots researchers expect from a sweep, each a function (summary or per-prompt frame, PNG path).
+
+Figures are built with `matplotlib.figure.Figure` and saved through Agg, never through pyplot, so importing
+this module leaves the caller's backend (e.g. a notebook's) alone and no figure stays open.
+One line per setting: a distinct combination of the varying config columns other than k, labelled by them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from analysis.summarize import setting_label, summarize_runs, varying_axes
+
+BEST_MARKER = dict(marker="*", markersize=16, markeredgecolor="black", linestyle="none", zorder=5)
+
+
+def plot_acceptance(data: pd.DataFrame, path: str | Path) -> Path:
+    """Acceptance rate and mean accepted length (tau) vs k, one line per setting, 95% CI bars."""
+    summary = as_summary(data)
+    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    rate_ax, tau_ax = fig.subplots(1, 2)
+    for label, color, runs in settings(summary):
+        errorbar(rate_ax, runs, "acceptance_rate", color, label)
+        errorbar(tau_ax, runs, "mean_accepted_length", color, label)
+    rate_ax.set(xlabel="draft length k", ylabel="acceptance rate A/D", ylim=(0, 1.05),
+                title="Acceptance rate")
+    tau_ax.set(xlabel="draft length k", ylabel="mean accepted length τ = E/N (tokens per target call)",
+               title="Mean accepted length")
+    tau_ax.axhline(1, color="grey", linestyle=":", linewidth=1, label="plain decoding (τ = 1)")
+    for ax in (rate_ax, tau_ax):
+        integer_ticks(ax, summary["k"])
+    tau_ax.legend(fontsize="small")
+    fig.suptitle(title(summary, "Acceptance vs draft length (mean over prompts, 95% CI)"))
+    return save(fig, path)
+
+
+def plot_speedup(data: pd.DataFrame, path: str | Path) -> Path:
+    """Measured speedup (95% CI) and Leviathan's predicted speedup vs k; a star marks each setting's best k."""
+    summary = as_summary(data)
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    ax = fig.subplots()
+    for label, color, runs in settings(summary):
+        best = runs.loc[runs["speedup_mean"].idxmax()]
+        errorbar(ax, runs, "speedup", color, f"{label} (best k={best['k']})")
+        ax.plot(runs["k"], runs["predicted_speedup"], color=color, linestyle="--", marker=".")
+        ax.plot([best["k"]], [best["speedup_mean"]], color=color, **BEST_MARKER)
+    ax.axhline(1, color="grey", linestyle=":", linewidth=1)
+    integer_ticks(ax, summary["k"])
+    ax.set(xlabel="draft length k", ylabel="speedup over autoregressive baseline (×)")
+    style_keys = [Line2D([], [], color="black", marker="o", label="measured (95% CI)"),
+                  Line2D([], [], color="black", linestyle="--", marker=".", label="predicted (Leviathan, mean a and c)"),
+                  Line2D([], [], color="white", **BEST_MARKER, label="best measured k"),
+                  Line2D([], [], color="grey", linestyle=":", label="baseline (1×)")]
+    handles, _ = ax.get_legend_handles_labels()
+    ax.legend(handles=handles + style_keys, fontsize="small")
+    fig.suptitle(title(summary, "Measured vs predicted speedup"))
+    return save(fig, path)
+
+
+def plot_per_position(data: pd.DataFrame, path: str | Path) -> Path:
+    """Per-position acceptance a_i (mean over prompts) vs position i, one line per setting including k."""
+    summary = as_summary(data)
+    axes = varying_axes(summary)
+    fig = Figure(figsize=(9, 5), layout="constrained")
+    ax = fig.subplots()
+    for (_, run), color in zip(summary.iterrows(), colors(len(summary))):
+        values = run["per_position_acceptance"]
+        ax.plot(range(1, len(values) + 1), values, marker="o", color=color, label=setting_label(run, axes))
+    integer_ticks(ax, range(1, max(map(len, summary["per_position_acceptance"]), default=1) + 1))
+    ax.set(xlabel="draft position i", ylabel="P(token i accepted | tokens 1..i-1 accepted)", ylim=(0, 1.05))
+    legend_beside(ax, len(summary))
+    fig.suptitle(title(summary, "Per-position acceptance (mean over prompts)"))
+    return save(fig, path)
+
+
+def plot_throughput(data: pd.DataFrame, path: str | Path) -> Path:
+    """Baseline vs speculative tokens/s per setting (including k), grouped horizontal bars with 95% CI."""
+    summary = as_summary(data)
+    axes = varying_axes(summary)
+    labels = [setting_label(run, axes) for _, run in summary.iterrows()]
+    positions = np.arange(len(summary))
+    fig = Figure(figsize=(9, 1.6 + 0.5 * len(summary)), layout="constrained")
+    ax = fig.subplots()
+    for offset, metric, name, color in ((-0.2, "baseline_tokens_per_s", "baseline (autoregressive)", "tab:grey"),
+                                        (0.2, "spec_tokens_per_s", "speculative", "tab:blue")):
+        ax.barh(positions + offset, summary[f"{metric}_mean"], height=0.4, xerr=ci_error(summary, metric),
+                color=color, label=name, capsize=3)
+    ax.set_yticks(positions, labels)
+    ax.invert_yaxis()  # first run at the top, as in the summary table
+    ax.set(xlabel="tokens / s (mean over prompts, 95% CI)")
+    ax.legend(fontsize="small", loc="lower right")
+    fig.suptitle(title(summary, "Throughput: baseline vs speculative"))
+    return save(fig, path)
+
+
+def as_summary(data: pd.DataFrame) -> pd.DataFrame:
+    """Accept a per-prompt frame (it has prompt_id) or a summary."""
+    return summarize_runs(data) if "prompt_id" in data.columns else data
+
+
+def settings(summary: pd.DataFrame):
+    """(label, color, runs sorted by k) for each combination of the varying axes other than k."""
+    axes = varying_axes(summary, exclude=("k",))
+    groups = [runs for _, runs in summary.groupby(axes, sort=False, dropna=False)] if axes else [summary]
+    for runs, color in zip(groups, colors(len(groups))):
+        yield setting_label(runs.iloc[0], axes), color, runs.sort_values("k")
+
+
+def colors(n: int) -> list:
+    """Distinct qualitative colours; a sequential map once there are more settings than tab10 holds."""
+    if n <= 10:
+        return [colormaps["tab10"](i) for i in range(n)]
+    return [colormaps["viridis"](x) for x in np.linspace(0, 0.95, n)]
+
+
+def errorbar(ax, runs: pd.DataFrame, metric: str, color, label: str) -> None:
+    ax.errorbar(runs["k"], runs[f"{metric}_mean"], yerr=ci_error(runs, metric), color=color, marker="o",
+                capsize=3, label=label)
+
+
+def ci_error(runs: pd.DataFrame, metric: str) -> np.ndarray:
+    """[2, n] distances from the mean to the CI bounds; 0 where the bound is undefined (one prompt)."""
+    mean = runs[f"{metric}_mean"].to_numpy(float)
+    low = runs[f"{metric}_ci_low"].to_numpy(float)
+    high = runs[f"{metric}_ci_high"].to_numpy(float)
+    return np.nan_to_num(np.vstack([mean - low, high - mean]))
+
+
+def integer_ticks(ax, values) -> None:
+    ax.set_xticks(sorted(set(int(v) for v in values)))
+
+
+def legend_beside(ax, entries: int) -> None:
+    """Inside the axes while short; to the right once it would cover the lines."""
+    if entries <= 6:
+        ax.legend(fontsize="small")
+    else:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
+
+
+def title(summary: pd.DataFrame, subject: str) -> str:
+    pairs = ", ".join(sorted(map(str, summary["pair"].unique())))
+    samplings = ", ".join(sorted(map(str, summary["sampling"].unique())))
+    return f"{subject}\npair: {pairs} · sampling: {samplings}"
+
+
+def save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
