@@ -2,11 +2,13 @@
 
 Figures are built with `matplotlib.figure.Figure` and saved through Agg, never through pyplot, so importing
 this module leaves the caller's backend (e.g. a notebook's) alone and no figure stays open.
-One line per setting: a distinct combination of the varying config columns other than k, labelled by them.
+A setting is a distinct combination of the varying config columns other than k, labelled by them: one line
+per setting along k, or one panel per setting where the plot already uses its x axis for something else.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -23,19 +25,18 @@ BEST_MARKER = dict(marker="*", markersize=16, markeredgecolor="black", linestyle
 def plot_acceptance(data: pd.DataFrame, path: str | Path) -> Path:
     """Acceptance rate and mean accepted length (tau) vs k, one line per setting, 95% CI bars."""
     summary = as_summary(data)
-    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    fig = Figure(figsize=(11, 5), layout="constrained")
     rate_ax, tau_ax = fig.subplots(1, 2)
     for label, color, runs in settings(summary):
         errorbar(rate_ax, runs, "acceptance_rate", color, label)
-        errorbar(tau_ax, runs, "mean_accepted_length", color, label)
-    rate_ax.set(xlabel="draft length k", ylabel="acceptance rate A/D", ylim=(0, 1.05),
-                title="Acceptance rate")
+        errorbar(tau_ax, runs, "mean_accepted_length", color, "_nolegend_")
+    rate_ax.set(xlabel="draft length k", ylabel="acceptance rate A/D", ylim=(0, 1.05), title="Acceptance rate")
     tau_ax.set(xlabel="draft length k", ylabel="mean accepted length τ = E/N (tokens per target call)",
                title="Mean accepted length")
     tau_ax.axhline(1, color="grey", linestyle=":", linewidth=1, label="plain decoding (τ = 1)")
     for ax in (rate_ax, tau_ax):
         integer_ticks(ax, summary["k"])
-    tau_ax.legend(fontsize="small")
+    fig.legend(loc="outside lower center", ncols=2, fontsize="small")
     fig.suptitle(title(summary, "Acceptance vs draft length (mean over prompts, 95% CI)"))
     return save(fig, path)
 
@@ -43,7 +44,7 @@ def plot_acceptance(data: pd.DataFrame, path: str | Path) -> Path:
 def plot_speedup(data: pd.DataFrame, path: str | Path) -> Path:
     """Measured speedup (95% CI) and Leviathan's predicted speedup vs k; a star marks each setting's best k."""
     summary = as_summary(data)
-    fig = Figure(figsize=(8, 5), layout="constrained")
+    fig = Figure(figsize=(9, 6), layout="constrained")
     ax = fig.subplots()
     for label, color, runs in settings(summary):
         best = runs.loc[runs["speedup_mean"].idxmax()]
@@ -58,44 +59,45 @@ def plot_speedup(data: pd.DataFrame, path: str | Path) -> Path:
                   Line2D([], [], color="white", **BEST_MARKER, label="best measured k"),
                   Line2D([], [], color="grey", linestyle=":", label="baseline (1×)")]
     handles, _ = ax.get_legend_handles_labels()
-    ax.legend(handles=handles + style_keys, fontsize="small")
+    fig.legend(handles=handles, loc="outside lower left", fontsize="small")
+    fig.legend(handles=style_keys, loc="outside lower right", fontsize="small")
     fig.suptitle(title(summary, "Measured vs predicted speedup"))
     return save(fig, path)
 
 
 def plot_per_position(data: pd.DataFrame, path: str | Path) -> Path:
-    """Per-position acceptance a_i (mean over prompts) vs position i, one line per setting including k."""
+    """Per-position acceptance a_i (mean over prompts) vs position i: a panel per setting, a line per k."""
     summary = as_summary(data)
-    axes = varying_axes(summary)
-    fig = Figure(figsize=(9, 5), layout="constrained")
-    ax = fig.subplots()
-    for (_, run), color in zip(summary.iterrows(), colors(len(summary))):
-        values = run["per_position_acceptance"]
-        ax.plot(range(1, len(values) + 1), values, marker="o", color=color, label=setting_label(run, axes))
-    integer_ticks(ax, range(1, max(map(len, summary["per_position_acceptance"]), default=1) + 1))
-    ax.set(xlabel="draft position i", ylabel="P(token i accepted | tokens 1..i-1 accepted)", ylim=(0, 1.05))
-    legend_beside(ax, len(summary))
+    facets = panels(summary)
+    fig, grid = panel_grid(facets, width=5.5, height=3.8)
+    for ax, (panel_title, runs, names) in zip(grid, facets):
+        for (_, run), name, color in zip(runs.iterrows(), names, colors(len(runs))):
+            values = run["per_position_acceptance"]
+            ax.plot(range(1, len(values) + 1), values, marker="o", color=color, label=name)
+        integer_ticks(ax, range(1, max(map(len, runs["per_position_acceptance"]), default=1) + 1))
+        ax.set(title=panel_title, xlabel="draft position i", ylabel="P(i accepted | 1..i-1 accepted)",
+               ylim=(0, 1.05))
+        ax.legend(fontsize="small", loc="lower left")
     fig.suptitle(title(summary, "Per-position acceptance (mean over prompts)"))
     return save(fig, path)
 
 
 def plot_throughput(data: pd.DataFrame, path: str | Path) -> Path:
-    """Baseline vs speculative tokens/s per setting (including k), grouped horizontal bars with 95% CI."""
+    """Baseline vs speculative tokens/s, grouped bars with 95% CI: a panel per setting, a bar pair per k."""
     summary = as_summary(data)
-    axes = varying_axes(summary)
-    labels = [setting_label(run, axes) for _, run in summary.iterrows()]
-    positions = np.arange(len(summary))
-    fig = Figure(figsize=(9, 1.6 + 0.5 * len(summary)), layout="constrained")
-    ax = fig.subplots()
-    for offset, metric, name, color in ((-0.2, "baseline_tokens_per_s", "baseline (autoregressive)", "tab:grey"),
-                                        (0.2, "spec_tokens_per_s", "speculative", "tab:blue")):
-        ax.barh(positions + offset, summary[f"{metric}_mean"], height=0.4, xerr=ci_error(summary, metric),
-                color=color, label=name, capsize=3)
-    ax.set_yticks(positions, labels)
-    ax.invert_yaxis()  # first run at the top, as in the summary table
-    ax.set(xlabel="tokens / s (mean over prompts, 95% CI)")
-    ax.legend(fontsize="small", loc="lower right")
-    fig.suptitle(title(summary, "Throughput: baseline vs speculative"))
+    facets = panels(summary)
+    fig, grid = panel_grid(facets, width=5.5, height=3.8)
+    for ax, (panel_title, runs, names) in zip(grid, facets):
+        positions = np.arange(len(runs))
+        for offset, metric, name, color in ((-0.2, "baseline_tokens_per_s", "baseline (autoregressive)", "tab:grey"),
+                                            (0.2, "spec_tokens_per_s", "speculative", "tab:blue")):
+            ax.bar(positions + offset, runs[f"{metric}_mean"], width=0.4, yerr=ci_error(runs, metric),
+                   color=color, label=name, capsize=3)
+        rotate = max(map(len, names)) > 6  # setting labels rather than k=... would collide
+        ax.set_xticks(positions, names, rotation=30 if rotate else 0, ha="right" if rotate else "center")
+        ax.set(title=panel_title, ylabel="tokens / s")
+    grid[0].legend(fontsize="small", loc="lower left")
+    fig.suptitle(title(summary, "Throughput: baseline vs speculative (mean over prompts, 95% CI)"))
     return save(fig, path)
 
 
@@ -136,12 +138,24 @@ def integer_ticks(ax, values) -> None:
     ax.set_xticks(sorted(set(int(v) for v in values)))
 
 
-def legend_beside(ax, entries: int) -> None:
-    """Inside the axes while short; to the right once it would cover the lines."""
-    if entries <= 6:
-        ax.legend(fontsize="small")
-    else:
-        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
+def panels(summary: pd.DataFrame) -> list[tuple[str, pd.DataFrame, list[str]]]:
+    """(panel title, runs, a name per run): a panel per setting with its runs named by k when k varies,
+    else one panel with every run named by its setting."""
+    if "k" in varying_axes(summary):
+        return [(label, runs, [f"k={k}" for k in runs["k"]]) for label, _, runs in settings(summary)]
+    axes = varying_axes(summary)
+    return [("", summary, [setting_label(run, axes) for _, run in summary.iterrows()])]
+
+
+def panel_grid(facets: list, width: float, height: float) -> tuple[Figure, list]:
+    """A figure with one axes per facet, two columns at most, sharing the y axis."""
+    ncols = min(2, len(facets))
+    nrows = math.ceil(len(facets) / ncols)
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    grid = fig.subplots(nrows, ncols, sharey=True, squeeze=False).ravel()
+    for ax in grid[len(facets):]:
+        ax.set_visible(False)
+    return fig, list(grid)
 
 
 def title(summary: pd.DataFrame, subject: str) -> str:

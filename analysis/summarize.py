@@ -87,9 +87,24 @@ def config_columns(summary: pd.DataFrame) -> list[str]:
 
 
 def varying_axes(summary: pd.DataFrame, exclude: tuple[str, ...] = ()) -> list[str]:
-    """Setting columns taking more than one value across runs, in column (schema) order."""
-    return [column for column in config_columns(summary)
-            if column not in exclude and summary[column].nunique(dropna=False) > 1]
+    """Setting columns taking more than one value across runs, in column (schema) order.
+
+    A column that only relabels an earlier one (temperature when sampling presets vary) is left out so
+    labels stay short; k never is, as plots are drawn along it.
+    """
+    axes: list[str] = []
+    for column in config_columns(summary):
+        if column in exclude or summary[column].nunique(dropna=False) < 2:
+            continue
+        if column == "k" or not any(same_partition(summary, kept, column) for kept in axes):
+            axes.append(column)
+    return axes
+
+
+def same_partition(summary: pd.DataFrame, a: str, b: str) -> bool:
+    """Whether columns a and b split the runs into the same groups (a one-to-one relabelling)."""
+    pairs = len(summary[[a, b]].drop_duplicates())
+    return pairs == summary[a].nunique(dropna=False) == summary[b].nunique(dropna=False)
 
 
 def setting_label(row: pd.Series, axes: list[str]) -> str:

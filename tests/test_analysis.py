@@ -25,6 +25,7 @@ from analysis import (
     to_markdown,
 )
 from analysis.report import main, pivot_axes
+from analysis.summarize import varying_axes
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -207,10 +208,19 @@ def test_to_markdown():
 
 
 def test_pivot_axes_put_k_across_and_other_axes_down():
-    summary = pd.DataFrame({"strategy": ["a", "a", "b", "b"], "k": [2, 4, 2, 4], "temperature": [0, 1, 0, 1.0],
-                            "pair": ["p"] * 4, "run_dir": list("wxyz")})
+    summary = pd.DataFrame([{"strategy": strategy, "k": k, "temperature": temperature, "pair": "p"}
+                            for strategy in "ab" for k in (2, 4) for temperature in (0.0, 1.0)])
+    summary["run_dir"] = [f"run{i}" for i in range(len(summary))]
     assert pivot_axes(summary) == (["strategy", "temperature"], "k")
-    assert pivot_axes(summary[summary["strategy"] == "a"].drop(columns="temperature")) == (["k"], None)
+    one_axis = summary[(summary["strategy"] == "a") & (summary["temperature"] == 0)]
+    assert pivot_axes(one_axis) == (["k"], None)
+
+
+def test_varying_axes_leave_out_relabellings():
+    summary = pd.DataFrame([{"strategy": strategy, "k": k, "sampling": sampling, "temperature": temperature}
+                            for strategy in "ab" for k in (2, 4) for sampling, temperature in (("greedy", 0), ("t1", 1))])
+    assert varying_axes(summary) == ["strategy", "k", "sampling"]  # the preset names its temperature
+    assert varying_axes(summary[summary["strategy"] == "a"], exclude=("k",)) == ["sampling"]
 
 
 @pytest.mark.parametrize("case", ["no_runs", "empty_rows", "missing_metric", "type_conflict", "bad_json",
