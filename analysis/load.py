@@ -187,7 +187,10 @@ def check_run_ids(runs: list[RunRows]) -> None:
 
 
 def per_position_long(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per-position acceptance in long form: run_id, prompt_id, position (1-based), acceptance (NaN if never reached)."""
+    """Per-position acceptance in long form: run_id, prompt_id, position (1-based), acceptance.
+
+    A position a prompt never reached has acceptance NaN.
+    """
     records = [
         (run_id, prompt_id, position, acceptance)
         for run_id, prompt_id, values in zip(frame["run_id"], frame["prompt_id"], frame["per_position_acceptance"])

@@ -19,6 +19,7 @@ from matplotlib.lines import Line2D
 
 from analysis.summarize import setting_label, summarize_runs, varying_axes
 
+DODGE = 0.06  # sideways offset between settings, in units of k
 BEST_MARKER = dict(marker="*", markersize=16, markeredgecolor="black", linestyle="none", zorder=5)
 
 
@@ -27,9 +28,9 @@ def plot_acceptance(data: pd.DataFrame, path: str | Path) -> Path:
     summary = as_summary(data)
     fig = Figure(figsize=(11, 5), layout="constrained")
     rate_ax, tau_ax = fig.subplots(1, 2)
-    for label, color, runs in settings(summary):
-        errorbar(rate_ax, runs, "acceptance_rate", color, label)
-        errorbar(tau_ax, runs, "mean_accepted_length", color, "_nolegend_")
+    for label, color, runs, x in settings(summary):
+        errorbar(rate_ax, x, runs, "acceptance_rate", color, label)
+        errorbar(tau_ax, x, runs, "mean_accepted_length", color, "_nolegend_")
     rate_ax.set(xlabel="draft length k", ylabel="acceptance rate A/D", ylim=(0, 1.05), title="Acceptance rate")
     tau_ax.set(xlabel="draft length k", ylabel="mean accepted length τ = E/N (tokens per target call)",
                title="Mean accepted length")
@@ -46,16 +47,17 @@ def plot_speedup(data: pd.DataFrame, path: str | Path) -> Path:
     summary = as_summary(data)
     fig = Figure(figsize=(9, 6), layout="constrained")
     ax = fig.subplots()
-    for label, color, runs in settings(summary):
-        best = runs.loc[runs["speedup_mean"].idxmax()]
-        errorbar(ax, runs, "speedup", color, f"{label} (best k={best['k']})")
-        ax.plot(runs["k"], runs["predicted_speedup"], color=color, linestyle="--", marker=".")
-        ax.plot([best["k"]], [best["speedup_mean"]], color=color, **BEST_MARKER)
+    for label, color, runs, x in settings(summary):
+        best = runs["speedup_mean"].to_numpy().argmax()
+        errorbar(ax, x, runs, "speedup", color, f"{label} (best k={runs['k'].iloc[best]})")
+        ax.plot(x, runs["predicted_speedup"], color=color, linestyle="--", marker=".")
+        ax.plot(x[best], runs["speedup_mean"].iloc[best], color=color, **BEST_MARKER)
     ax.axhline(1, color="grey", linestyle=":", linewidth=1)
     integer_ticks(ax, summary["k"])
     ax.set(xlabel="draft length k", ylabel="speedup over autoregressive baseline (×)")
     style_keys = [Line2D([], [], color="black", marker="o", label="measured (95% CI)"),
-                  Line2D([], [], color="black", linestyle="--", marker=".", label="predicted (Leviathan, mean a and c)"),
+                  Line2D([], [], color="black", linestyle="--", marker=".",
+                         label="predicted (Leviathan, mean a and c)"),
                   Line2D([], [], color="white", **BEST_MARKER, label="best measured k"),
                   Line2D([], [], color="grey", linestyle=":", label="baseline (1×)")]
     handles, _ = ax.get_legend_handles_labels()
@@ -75,9 +77,9 @@ def plot_per_position(data: pd.DataFrame, path: str | Path) -> Path:
             values = run["per_position_acceptance"]
             ax.plot(range(1, len(values) + 1), values, marker="o", color=color, label=name)
         integer_ticks(ax, range(1, max(map(len, runs["per_position_acceptance"]), default=1) + 1))
-        ax.set(title=panel_title, xlabel="draft position i", ylabel="P(i accepted | 1..i-1 accepted)",
-               ylim=(0, 1.05))
+        ax.set(title=panel_title, xlabel="draft position i", ylim=(0, 1.05))
         ax.legend(fontsize="small", loc="lower left")
+    label_first_column(grid, "P(token i accepted | tokens 1..i-1 accepted)")
     fig.suptitle(title(summary, "Per-position acceptance (mean over prompts)"))
     return save(fig, path)
 
@@ -86,17 +88,19 @@ def plot_throughput(data: pd.DataFrame, path: str | Path) -> Path:
     """Baseline vs speculative tokens/s, grouped bars with 95% CI: a panel per setting, a bar pair per k."""
     summary = as_summary(data)
     facets = panels(summary)
-    fig, grid = panel_grid(facets, width=5.5, height=3.8)
+    longest = max(len(line) for _, _, names in facets for name in names for line in name.split(", "))
+    bars = max(len(runs) for _, runs, _ in facets)
+    fig, grid = panel_grid(facets, width=max(5.5, 1 + 0.1 * longest * bars), height=3.8)  # room for the names
     for ax, (panel_title, runs, names) in zip(grid, facets):
         positions = np.arange(len(runs))
         for offset, metric, name, color in ((-0.2, "baseline_tokens_per_s", "baseline (autoregressive)", "tab:grey"),
                                             (0.2, "spec_tokens_per_s", "speculative", "tab:blue")):
             ax.bar(positions + offset, runs[f"{metric}_mean"], width=0.4, yerr=ci_error(runs, metric),
                    color=color, label=name, capsize=3)
-        rotate = max(map(len, names)) > 6  # setting labels rather than k=... would collide
-        ax.set_xticks(positions, names, rotation=30 if rotate else 0, ha="right" if rotate else "center")
-        ax.set(title=panel_title, ylabel="tokens / s")
-    grid[0].legend(fontsize="small", loc="lower left")
+        ax.set_xticks(positions, [name.replace(", ", "\n") for name in names])  # long setting names wrap
+        ax.set_title(panel_title)
+    label_first_column(grid, "tokens / s")
+    fig.legend(*grid[0].get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize="small")
     fig.suptitle(title(summary, "Throughput: baseline vs speculative (mean over prompts, 95% CI)"))
     return save(fig, path)
 
@@ -107,11 +111,16 @@ def as_summary(data: pd.DataFrame) -> pd.DataFrame:
 
 
 def settings(summary: pd.DataFrame):
-    """(label, color, runs sorted by k) for each combination of the varying axes other than k."""
+    """(label, color, runs sorted by k, x) for each combination of the varying axes other than k.
+
+    x is k nudged sideways per setting, so that settings sharing a k do not hide each other's error bars.
+    """
     axes = varying_axes(summary, exclude=("k",))
     groups = [runs for _, runs in summary.groupby(axes, sort=False, dropna=False)] if axes else [summary]
-    for runs, color in zip(groups, colors(len(groups))):
-        yield setting_label(runs.iloc[0], axes), color, runs.sort_values("k")
+    for index, (runs, color) in enumerate(zip(groups, colors(len(groups)))):
+        runs = runs.sort_values("k")
+        x = runs["k"].to_numpy() + DODGE * (index - (len(groups) - 1) / 2)
+        yield setting_label(runs.iloc[0], axes), color, runs, x
 
 
 def colors(n: int) -> list:
@@ -121,8 +130,8 @@ def colors(n: int) -> list:
     return [colormaps["viridis"](x) for x in np.linspace(0, 0.95, n)]
 
 
-def errorbar(ax, runs: pd.DataFrame, metric: str, color, label: str) -> None:
-    ax.errorbar(runs["k"], runs[f"{metric}_mean"], yerr=ci_error(runs, metric), color=color, marker="o",
+def errorbar(ax, x, runs: pd.DataFrame, metric: str, color, label: str) -> None:
+    ax.errorbar(x, runs[f"{metric}_mean"], yerr=ci_error(runs, metric), color=color, marker="o",
                 capsize=3, label=label)
 
 
@@ -142,7 +151,7 @@ def panels(summary: pd.DataFrame) -> list[tuple[str, pd.DataFrame, list[str]]]:
     """(panel title, runs, a name per run): a panel per setting with its runs named by k when k varies,
     else one panel with every run named by its setting."""
     if "k" in varying_axes(summary):
-        return [(label, runs, [f"k={k}" for k in runs["k"]]) for label, _, runs in settings(summary)]
+        return [(label, runs, [f"k={k}" for k in runs["k"]]) for label, _, runs, _ in settings(summary)]
     axes = varying_axes(summary)
     return [("", summary, [setting_label(run, axes) for _, run in summary.iterrows()])]
 
@@ -156,6 +165,13 @@ def panel_grid(facets: list, width: float, height: float) -> tuple[Figure, list]
     for ax in grid[len(facets):]:
         ax.set_visible(False)
     return fig, list(grid)
+
+
+def label_first_column(grid: list, ylabel: str) -> None:
+    """The y axis is shared along each row, so only the first column carries its label."""
+    for ax in grid:
+        if ax.get_subplotspec().is_first_col():
+            ax.set_ylabel(ylabel)
 
 
 def title(summary: pd.DataFrame, subject: str) -> str:

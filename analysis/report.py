@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import warnings
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: `analysis` lives in the repo root
@@ -15,7 +16,7 @@ if __package__ in (None, ""):  # run as a script: `analysis` lives in the repo r
 
 import pandas as pd
 
-from analysis.load import ResultsError, load_runs
+from analysis.load import PartialRunWarning, ResultsError, load_runs
 from analysis.plots import plot_acceptance, plot_per_position, plot_speedup, plot_throughput
 from analysis.summarize import format_value, setting_label, summarize_runs, varying_axes
 from analysis.tables import format_cell, pivot_metric, to_markdown
@@ -32,10 +33,15 @@ PLOTS = (
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        report = write_report(args.paths, args.out)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PartialRunWarning)
+            report = write_report(args.paths, args.out)
     except ResultsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    finally:
+        for warning in caught:  # one line each, without the source line Python would print
+            print(f"warning: {warning.message}", file=sys.stderr)
     print(f"wrote {report}")
     return 0
 
@@ -104,7 +110,7 @@ def fastest_sentence(summary: pd.DataFrame) -> str:
         sentence += (f", {best['speedup_mean'] / runner_up['speedup_mean']:.2f}× the next best "
                      f"({label(runner_up, axes)}: {runner_up['speedup_mean']:.2f}×)")
         if best["speedup_ci_low"] <= runner_up["speedup_ci_high"]:
-            sentence += "; their 95% CIs overlap, so this ranking is not conclusive"
+            sentence += "; their 95% CIs overlap, so treat this ordering with caution"
     return sentence + "."
 
 
