@@ -48,7 +48,7 @@ def plot_speedup(data: pd.DataFrame, path: str | Path) -> Path:
     fig = Figure(figsize=(9, 6), layout="constrained")
     ax = fig.subplots()
     for label, color, runs, x in settings(summary):
-        best = runs["speedup_mean"].to_numpy().argmax()
+        best = np.nanargmax(runs["speedup_mean"].to_numpy())
         errorbar(ax, x, runs, "speedup", color, f"{label} (best k={runs['k'].iloc[best]})")
         ax.plot(x, runs["predicted_speedup"], color=color, linestyle="--", marker=".")
         ax.plot(x[best], runs["speedup_mean"].iloc[best], color=color, **BEST_MARKER)
