@@ -1,0 +1,249 @@
+"""Read experiment results (docs/results-schema.md) into one tidy frame: one row per (run, prompt).
+
+Run directories are found by their `rows.jsonl`; a run without `summary.json` was killed and is loaded as
+`partial`. Every inconsistency raises a one-line `ResultsError` naming the file or run it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+# Metric columns of a row (docs/results-schema.md); every other column describes the run or the prompt.
+METRIC_COLUMNS = (
+    "emitted", "drafted", "accepted", "target_calls", "draft_calls",
+    "acceptance_rate", "mean_accepted_length", "per_position_acceptance", "expected_acceptance",
+    "draft_seconds", "target_seconds", "other_seconds", "spec_seconds", "baseline_seconds", "baseline_emitted",
+    "spec_tokens_per_s", "baseline_tokens_per_s", "speedup", "cost_ratio", "predicted_speedup",
+    "ttft_seconds", "itl_seconds", "baseline_ttft_seconds", "baseline_itl_seconds",
+)
+PROMPT_COLUMNS = ("prompt_id", "prompt_tokens")
+# What analysis/ itself reads; other schema columns are loaded when present.
+REQUIRED_COLUMNS = (
+    "run_id", "prompt_id", "pair", "strategy", "k", "sampling",
+    "acceptance_rate", "mean_accepted_length", "per_position_acceptance",
+    "speedup", "spec_tokens_per_s", "baseline_tokens_per_s", "cost_ratio",
+)
+
+
+class ResultsError(ValueError):
+    """Results on disk or in W&B that cannot be loaded as they are."""
+
+
+class PartialRunWarning(UserWarning):
+    """A run without summary.json (killed or still running) was loaded."""
+
+
+@dataclass
+class RunRows:
+    source: str  # run directory or W&B run URL, named in every error
+    rows: list[dict]
+    partial: bool
+
+
+def load_runs(*paths: str | os.PathLike, config_keys: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Load run and sweep directories into one frame, one row per (run, prompt).
+
+    Adds `run_dir` and `partial` (no summary.json). `config_keys` are dotted keys of config.yaml
+    (e.g. "model.target.name") copied into columns of that name, for settings the rows do not carry.
+    """
+    runs = [read_run(run_dir, config_keys) for run_dir in find_run_dirs(paths)]
+    return build_frame(runs)
+
+
+def find_run_dirs(paths) -> list[Path]:
+    """Run directories (those holding rows.jsonl) at or below each path, in natural job order."""
+    if not paths:
+        raise ResultsError("no paths given; pass run or sweep directories")
+    found: dict[Path, None] = {}  # ordered set: the same run reached twice is loaded once
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ResultsError(f"{path}: no such file or directory")
+        if not path.is_dir():
+            raise ResultsError(f"{path}: not a directory; pass a run or sweep directory")
+        rows_files = sorted(path.rglob("rows.jsonl"), key=lambda p: _natural_key(p.relative_to(path)))
+        if not rows_files:
+            raise ResultsError(f"{path}: no runs found (no rows.jsonl in it or below it)")
+        found.update((p.parent.resolve(), None) for p in rows_files)
+    return list(found)
+
+
+def _natural_key(path: Path) -> list:
+    """Sort sweep jobs 0, 1, 2, ..., 10 rather than 0, 1, 10, 2."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.as_posix())]
+
+
+def read_run(run_dir: Path, config_keys: tuple[str, ...] = ()) -> RunRows:
+    """Rows of one run directory; warns when the run is partial."""
+    partial = not (run_dir / "summary.json").exists()
+    rows = read_rows(run_dir / "rows.jsonl", partial)
+    if partial:
+        warnings.warn(f"{run_dir}: no summary.json, loaded {len(rows)} rows of a partial (killed?) run",
+                      PartialRunWarning)
+    if config_keys:
+        add_config(rows, read_config(run_dir / "config.yaml"), config_keys, run_dir)
+    return RunRows(str(run_dir), rows, partial)
+
+
+def read_rows(path: Path, partial: bool) -> list[dict]:
+    """Parse rows.jsonl. A killed run may end in a half-written line, which is dropped with a warning."""
+    lines = [(number, line) for number, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    if not lines:
+        raise ResultsError(f"{path}: no rows; a run must finish at least one prompt to be loaded")
+    rows = []
+    for number, line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            if partial and number == lines[-1][0] and rows:
+                warnings.warn(f"{path}:{number}: dropped a half-written last row ({err.msg})", PartialRunWarning)
+                break
+            raise ResultsError(f"{path}:{number}: not valid JSON ({err.msg})") from err
+        if not isinstance(row, dict):
+            raise ResultsError(f"{path}:{number}: a row must be a JSON object, got {type(row).__name__}")
+        rows.append(row)
+    return rows
+
+
+def read_config(path: Path) -> dict:
+    """The resolved Hydra config of a run."""
+    if not path.exists():
+        raise ResultsError(f"{path}: missing; config_keys need the run's config.yaml")
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def add_config(rows: list[dict], config: dict, keys: tuple[str, ...], source) -> None:
+    """Copy dotted config keys into every row; columns the rows already carry win."""
+    for key in keys:
+        value = config
+        for part in key.split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise ResultsError(f"{source}: config has no key {key!r}")
+            value = value[part]
+        if isinstance(value, (list, dict)):
+            value = json.dumps(value)  # a hashable scalar, so the column can be grouped and compared
+        for row in rows:
+            row.setdefault(key, value)
+
+
+def build_frame(runs: list[RunRows]) -> pd.DataFrame:
+    """Check the runs share one schema, then concatenate their rows."""
+    for run in runs:
+        check_required(run)
+    check_kinds(runs)
+    check_run_ids(runs)
+    return pd.DataFrame([row | {"run_dir": run.source, "partial": run.partial} for run in runs for row in run.rows])
+
+
+def check_required(run: RunRows) -> None:
+    for number, row in enumerate(run.rows, 1):
+        missing = [column for column in REQUIRED_COLUMNS if column not in row]
+        if missing:
+            raise ResultsError(f"{run.source}: row {number} lacks required column(s) {', '.join(missing)}; "
+                               f"required: {', '.join(REQUIRED_COLUMNS)}")
+
+
+def _kind(value) -> str:
+    """JSON-level type; ints and floats are both numbers (a float column may hold 1 and 0.5)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, numbers.Number):
+        return "number"
+    return type(value).__name__
+
+
+def check_kinds(runs: list[RunRows]) -> None:
+    """Each column holds one kind of value (nulls aside) across all runs."""
+    first: dict[str, tuple[str, str]] = {}  # column -> (kind, source where first seen)
+    for run in runs:
+        for row in run.rows:
+            for column, value in row.items():
+                if value is None:
+                    continue
+                kind, source = first.setdefault(column, (_kind(value), run.source))
+                if _kind(value) != kind:
+                    raise ResultsError(f"{run.source}: column {column!r} holds {_kind(value)} values "
+                                       f"({value!r}) but {source} holds {kind}; incompatible schemas")
+
+
+def check_run_ids(runs: list[RunRows]) -> None:
+    """One run_id per run, and no two runs sharing one."""
+    owner: dict[str, str] = {}
+    for run in runs:
+        ids = {row["run_id"] for row in run.rows}
+        if len(ids) != 1:
+            raise ResultsError(f"{run.source}: rows carry {len(ids)} run_ids {sorted(map(str, ids))}; expected one")
+        run_id = ids.pop()
+        if owner.setdefault(run_id, run.source) != run.source:
+            raise ResultsError(f"{run.source}: run_id {run_id!r} is also used by {owner[run_id]}")
+
+
+def per_position_long(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per-position acceptance in long form: run_id, prompt_id, position (1-based), acceptance.
+
+    A position a prompt never reached has acceptance NaN.
+    """
+    records = [
+        (run_id, prompt_id, position, acceptance)
+        for run_id, prompt_id, values in zip(frame["run_id"], frame["prompt_id"], frame["per_position_acceptance"])
+        if isinstance(values, list)
+        for position, acceptance in enumerate(values, 1)
+    ]
+    long = pd.DataFrame(records, columns=["run_id", "prompt_id", "position", "acceptance"])
+    long["acceptance"] = long["acceptance"].astype(float)
+    return long
+
+
+def load_wandb_runs(project: str, group: str | None = None, entity: str | None = None,
+                    config_keys: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Load W&B runs into the same frame as `load_runs`.
+
+    Rows are read from the W&B table logged under the key `rows`, `config_keys` from the run config;
+    a run whose state is not "finished" is partial. `run_dir` holds the run's URL.
+    """
+    import wandb  # lazily: loading local results must not pay for, or depend on, wandb
+
+    path = f"{entity}/{project}" if entity else project
+    mode = os.environ.get("WANDB_MODE", "")
+    if mode in ("offline", "disabled"):
+        raise ResultsError(f"W&B project {path}: WANDB_MODE={mode}; the W&B API needs the network, "
+                           "load local run directories instead")
+    try:
+        api = wandb.Api()
+        wandb_runs = list(api.runs(path, filters={"group": group} if group else None))
+    # The API raises assorted network, auth and lookup errors; all mean "cannot read this project".
+    except Exception as err:
+        raise ResultsError(f"W&B project {path}: cannot list runs ({_first_line(err)})") from err
+    if not wandb_runs:
+        raise ResultsError(f"W&B project {path}: no runs" + (f" in group {group!r}" if group else ""))
+    return build_frame([read_wandb_run(api, run, config_keys) for run in wandb_runs])
+
+
+def read_wandb_run(api, run, config_keys: tuple[str, ...]) -> RunRows:
+    """Rows of one W&B run, from the `run_table` artifact W&B makes when a wandb.Table is logged as `rows`."""
+    try:
+        table = api.artifact(f"{run.entity}/{run.project}/run-{run.id}-rows:latest", type="run_table").get("rows")
+    except Exception as err:  # same reason as in load_wandb_runs
+        raise ResultsError(f"{run.url}: cannot read the `rows` table ({_first_line(err)})") from err
+    if table is None or not table.data:
+        raise ResultsError(f"{run.url}: the `rows` table is empty")
+    rows = [dict(zip(table.columns, values)) for values in table.data]
+    partial = run.state != "finished"
+    if partial:
+        warnings.warn(f"{run.url}: state {run.state!r}, loaded {len(rows)} rows of a partial run",
+                      PartialRunWarning)
+    add_config(rows, dict(run.config), config_keys, run.url)
+    return RunRows(run.url, rows, partial)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

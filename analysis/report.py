@@ -1,0 +1,184 @@
+"""Write report.md (summary, pivots, plots, the fastest setting) for run or sweep directories.
+
+    python analysis/report.py <run or sweep dir> [more dirs...] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import warnings
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: `analysis` lives in the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pandas as pd
+
+from analysis.load import PartialRunWarning, ResultsError, load_runs
+from analysis.plots import plot_acceptance, plot_per_position, plot_speedup, plot_throughput
+from analysis.summarize import format_value, setting_label, summarize_runs, varying_axes
+from analysis.tables import format_cell, pivot_metric, to_markdown
+
+PIVOT_METRICS = ("speedup", "acceptance_rate", "mean_accepted_length")
+PLOTS = (
+    ("speedup.png", plot_speedup, "Measured vs predicted speedup"),
+    ("acceptance.png", plot_acceptance, "Acceptance rate and mean accepted length"),
+    ("per_position.png", plot_per_position, "Per-position acceptance"),
+    ("throughput.png", plot_throughput, "Throughput"),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PartialRunWarning)
+            report = write_report(args.paths, args.out)
+    except ResultsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        for warning in caught:  # one line each, without the source line Python would print
+            print(f"warning: {warning.message}", file=sys.stderr)
+    print(f"wrote {report}")
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Summarize specdec runs into report.md with tables and plots.")
+    parser.add_argument("paths", nargs="+", help="run directories or sweep directories (searched for rows.jsonl)")
+    parser.add_argument("--out", help="directory for report.md, CSVs and PNGs (default: the first path)")
+    return parser.parse_args(argv)
+
+
+def write_report(paths: list[str], out: str | None = None) -> Path:
+    """Load the runs, write report.md, summary.csv, pivot_<metric>.csv and the plots into `out`."""
+    frame = load_runs(*paths)
+    summary = summarize_runs(frame)
+    out_dir = Path(out or paths[0])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary.to_csv(out_dir / "summary.csv", index=False)
+    sections = [
+        header(paths, frame, summary),
+        summary_section(summary),
+        pivot_section(summary, out_dir),
+        plot_section(summary, out_dir),
+    ]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(sections))
+    return report
+
+
+def label_axes(summary: pd.DataFrame) -> list[str]:
+    """The axes that tell runs apart; strategy and k when a single setting was run."""
+    return varying_axes(summary) or [axis for axis in ("strategy", "k") if axis in summary.columns]
+
+
+def label(run: pd.Series, axes: list[str]) -> str:
+    return setting_label(run, axes) + (" (partial run)" if run["partial"] else "")
+
+
+def header(paths: list[str], frame: pd.DataFrame, summary: pd.DataFrame) -> str:
+    lines = [
+        "# Speculative decoding report",
+        "",
+        f"- pair: {', '.join(map(str, summary['pair'].unique()))}; "
+        f"sampling: {', '.join(map(str, summary['sampling'].unique()))}",
+        f"- {len(summary)} runs, {len(frame)} (run, prompt) rows, "
+        f"{frame['prompt_id'].nunique()} distinct prompts; from {', '.join(f'`{p}`' for p in paths)}",
+    ]
+    for _, run in summary[summary["partial"]].iterrows():
+        lines.append(f"- **Partial run** (no summary.json, killed?): `{run['run_dir']}`, "
+                     f"{run['n_prompts']} prompts loaded")
+    lines += ["", fastest_sentence(summary), ""]
+    return "\n".join(lines)
+
+
+def fastest_sentence(summary: pd.DataFrame) -> str:
+    """The setting with the highest mean speedup, its CI, and its ratio over the next best."""
+    ranked = summary.dropna(subset=["speedup_mean"]).sort_values("speedup_mean", ascending=False)
+    if ranked.empty:
+        return "**Fastest:** no run has a measured speedup."
+    axes = label_axes(summary)
+    best = ranked.iloc[0]
+    sentence = (f"**Fastest:** {label(best, axes)}, mean speedup {best['speedup_mean']:.2f}× over the "
+                f"autoregressive baseline ({ci_text(best, 'speedup')}, {best['n_prompts']} prompts)")
+    if len(ranked) > 1:
+        runner_up = ranked.iloc[1]
+        sentence += (f", {best['speedup_mean'] / runner_up['speedup_mean']:.2f}× the next best "
+                     f"({label(runner_up, axes)}: {runner_up['speedup_mean']:.2f}×)")
+        if best["speedup_ci_low"] <= runner_up["speedup_ci_high"]:
+            sentence += "; their 95% CIs overlap, so treat this ordering with caution"
+    return sentence + "."
+
+
+def ci_text(run: pd.Series, metric: str) -> str:
+    low, high = run[f"{metric}_ci_low"], run[f"{metric}_ci_high"]
+    if math.isnan(low):
+        return "95% CI undefined with one prompt"
+    return f"95% CI {low:.2f}–{high:.2f}"
+
+
+def summary_section(summary: pd.DataFrame) -> str:
+    """One line per run: its setting, then each metric as mean [95% CI]."""
+    axes = label_axes(summary)
+    table = summary[axes].copy()
+    for metric, name in (("speedup", "speedup"), ("acceptance_rate", "acceptance rate"),
+                         ("mean_accepted_length", "τ (tokens/target call)"),
+                         ("spec_tokens_per_s", "spec tok/s"), ("baseline_tokens_per_s", "baseline tok/s")):
+        table[name] = [with_ci(run, metric) for _, run in summary.iterrows()]
+    table["predicted speedup"] = summary["predicted_speedup"]
+    table["prompts"] = summary["n_prompts"]
+    table["partial"] = summary["partial"].map({True: "yes", False: ""})
+    return ("## Runs\n\nMean over prompts [95% Student t interval]; predicted speedup from the mean acceptance "
+            "rate and cost ratio (Leviathan et al., 2023). All columns in `summary.csv`.\n\n"
+            + to_markdown(table, index=False))
+
+
+def with_ci(run: pd.Series, metric: str) -> str:
+    mean, low, high = (run[f"{metric}_{stat}"] for stat in ("mean", "ci_low", "ci_high"))
+    if math.isnan(low):
+        return format_cell(mean)
+    return f"{format_cell(mean)} [{format_cell(low)}, {format_cell(high)}]"
+
+
+def pivot_axes(summary: pd.DataFrame) -> tuple[list[str], str | None]:
+    """k (else the most varied axis) across the columns, every other varying axis down the rows, so that
+    each cell is one run; a single varying axis goes down the rows."""
+    axes = varying_axes(summary)
+    if len(axes) < 2:
+        return axes, None
+    cols = "k" if "k" in axes else max(axes, key=lambda axis: summary[axis].nunique(dropna=False))
+    return [axis for axis in axes if axis != cols], cols
+
+
+def pivot_section(summary: pd.DataFrame, out_dir: Path) -> str:
+    rows, cols = pivot_axes(summary)
+    if not rows:
+        return "## Comparisons\n\nA single setting was run; nothing to pivot.\n"
+    parts = [f"## Comparisons\n\nMean over prompts; rows: {', '.join(rows)}"
+             + (f"; columns: {cols}" if cols else "") + ". CSVs: "
+             + ", ".join(f"`pivot_{metric}.csv`" for metric in PIVOT_METRICS) + ".\n"]
+    for metric in PIVOT_METRICS:
+        table = pivot_metric(summary, metric, rows, cols)
+        table.to_csv(out_dir / f"pivot_{metric}.csv")
+        if cols:
+            table.columns = [f"{cols}={format_value(value)}" for value in table.columns]
+        else:
+            table.columns = [metric]
+        parts.append(f"### {metric}\n\n{to_markdown(table)}")
+    return "\n".join(parts)
+
+
+def plot_section(summary: pd.DataFrame, out_dir: Path) -> str:
+    parts = ["## Plots\n"]
+    for filename, plot, caption in PLOTS:
+        plot(summary, out_dir / filename)
+        parts.append(f"### {caption}\n\n![{caption}]({filename})\n")
+    return "\n".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""One row per run: its configuration and, per metric, the mean over prompts with a 95% Student t interval."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from analysis.load import METRIC_COLUMNS, PROMPT_COLUMNS, per_position_long
+
+SUMMARIZED_METRICS = (
+    "speedup", "acceptance_rate", "mean_accepted_length", "spec_tokens_per_s", "baseline_tokens_per_s", "cost_ratio",
+)
+STAT_COLUMNS = tuple(f"{metric}_{stat}" for metric in SUMMARIZED_METRICS for stat in ("mean", "ci_low", "ci_high"))
+# Summary columns that describe neither a setting nor a summarized metric.
+BOOKKEEPING_COLUMNS = ("run_id", "group", "run_dir", "partial", "n_prompts", "predicted_speedup",
+                       "per_position_acceptance")
+
+
+def confidence_interval(values, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): mean ± t_{(1+level)/2, n-1} · s / sqrt(n) over the non-null values; NaN bounds if n < 2."""
+    x = pd.Series(values, dtype=float).dropna().to_numpy()
+    n = len(x)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(x.mean())
+    if n < 2:
+        return mean, math.nan, math.nan
+    half = float(stats.t.ppf((1 + level) / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
+    return mean, mean - half, mean + half
+
+
+def predicted_speedup(alpha, k, cost_ratio) -> np.ndarray:
+    """Leviathan et al. (2023): (1 - a^(k+1)) / ((1 - a)(k c + 1)), with the a -> 1 limit (k + 1) / (k c + 1)."""
+    alpha, k, c = (np.asarray(x, dtype=float) for x in (alpha, k, cost_ratio))
+    at_one = np.isclose(alpha, 1.0)
+    tokens_per_call = np.where(at_one, k + 1, (1 - alpha ** (k + 1)) / np.where(at_one, 1.0, 1 - alpha))
+    return tokens_per_call / (k * c + 1)
+
+
+def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: the columns constant within every run, `n_prompts`, `partial`, and for each summarized
+    metric `<metric>_mean`, `<metric>_ci_low`, `<metric>_ci_high` (95% t interval over prompts).
+
+    Also `predicted_speedup` recomputed from the mean acceptance rate and mean cost ratio, and
+    `per_position_acceptance` as the per-position mean over prompts.
+    """
+    runs = frame.groupby("run_dir", sort=False)
+    config = constant_columns(frame)
+    records = []
+    for run_dir, rows in runs:
+        record = {column: rows[column].iloc[0] for column in config}
+        record.update(n_prompts=len(rows), partial=bool(rows["partial"].iloc[0]))
+        for metric in SUMMARIZED_METRICS:
+            record.update(zip((f"{metric}_mean", f"{metric}_ci_low", f"{metric}_ci_high"),
+                              confidence_interval(rows[metric])))
+        record["run_dir"] = run_dir
+        records.append(record)
+    summary = pd.DataFrame(records)
+    summary["predicted_speedup"] = predicted_speedup(summary["acceptance_rate_mean"], summary["k"],
+                                                     summary["cost_ratio_mean"])
+    summary["per_position_acceptance"] = mean_per_position(frame, summary["run_id"])
+    return summary
+
+
+def constant_columns(frame: pd.DataFrame) -> list[str]:
+    """Non-metric columns with one value (null counts as one) within every run, in frame order."""
+    excluded = set(METRIC_COLUMNS) | set(PROMPT_COLUMNS) | {"run_dir", "partial"}
+    candidates = [column for column in frame.columns if column not in excluded
+                  and not frame[column].map(lambda v: isinstance(v, (list, dict))).any()]  # unhashable
+    per_run = frame.groupby("run_dir", sort=False)[candidates].nunique(dropna=False)
+    return [column for column in candidates if (per_run[column] <= 1).all()]
+
+
+def mean_per_position(frame: pd.DataFrame, run_ids: pd.Series) -> list[list[float]]:
+    """Per run, the mean over prompts of a_i at each position (prompts that never reached i are skipped)."""
+    means = per_position_long(frame).groupby(["run_id", "position"])["acceptance"].mean()
+    by_run = {run_id: group.tolist() for run_id, group in means.groupby(level="run_id")}
+    return [by_run.get(run_id, []) for run_id in run_ids]
+
+
+def config_columns(summary: pd.DataFrame) -> list[str]:
+    """Setting columns of a summary: everything that is neither bookkeeping nor a metric statistic."""
+    return [column for column in summary.columns if column not in BOOKKEEPING_COLUMNS + STAT_COLUMNS]
+
+
+def varying_axes(summary: pd.DataFrame, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Setting columns taking more than one value across runs, in column (schema) order.
+
+    A column that only relabels an earlier one (temperature when sampling presets vary) is left out so
+    labels stay short; k never is, as plots are drawn along it.
+    """
+    axes: list[str] = []
+    for column in config_columns(summary):
+        if column in exclude or summary[column].nunique(dropna=False) < 2:
+            continue
+        if column == "k" or not any(same_partition(summary, kept, column) for kept in axes):
+            axes.append(column)
+    return axes
+
+
+def same_partition(summary: pd.DataFrame, a: str, b: str) -> bool:
+    """Whether columns a and b split the runs into the same groups (a one-to-one relabelling)."""
+    pairs = len(summary[[a, b]].drop_duplicates())
+    return pairs == summary[a].nunique(dropna=False) == summary[b].nunique(dropna=False)
+
+
+def setting_label(row: pd.Series, axes: list[str]) -> str:
+    """'strategy=typical, temperature=0.7' for the given axes; the strategy alone when no axis varies."""
+    if not axes:
+        return str(row["strategy"])
+    return ", ".join(f"{axis}={format_value(row[axis])}" for axis in axes)
+
+
+def format_value(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
