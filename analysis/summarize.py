@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+import specdec
 from analysis.load import METRIC_COLUMNS, PROMPT_COLUMNS, per_position_long
 
 SUMMARIZED_METRICS = (
@@ -33,11 +34,8 @@ def confidence_interval(values, level: float = 0.95) -> tuple[float, float, floa
 
 
 def predicted_speedup(alpha, k, cost_ratio) -> np.ndarray:
-    """Leviathan et al. (2023): (1 - a^(k+1)) / ((1 - a)(k c + 1)), with the a -> 1 limit (k + 1) / (k c + 1)."""
-    alpha, k, c = (np.asarray(x, dtype=float) for x in (alpha, k, cost_ratio))
-    at_one = np.isclose(alpha, 1.0)
-    tokens_per_call = np.where(at_one, k + 1, (1 - alpha ** (k + 1)) / np.where(at_one, 1.0, 1 - alpha))
-    return tokens_per_call / (k * c + 1)
+    """``specdec.predicted_speedup`` (Leviathan et al. 2023) element-wise over arrays."""
+    return np.vectorize(specdec.predicted_speedup, otypes=[float])(alpha, np.asarray(k, dtype=int), cost_ratio)
 
 
 def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
