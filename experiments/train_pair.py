@@ -41,9 +41,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--target-steps", type=int, default=600)
+    p.add_argument("--target-steps", type=int, default=420)
     p.add_argument("--target-lr", type=float, default=1.5e-3)
-    p.add_argument("--draft-steps", type=int, default=450)
+    p.add_argument("--draft-steps", type=int, default=320)
     p.add_argument("--draft-lr", type=float, default=3e-3)
     p.add_argument("--kl-weight", type=float, default=0.8, help="distillation loss = w * KL(target||draft) + (1-w) * CE")
     p.add_argument("--num-prompts", type=int, default=200)
@@ -370,7 +370,7 @@ def main() -> None:
     args.prompts_out.parent.mkdir(parents=True, exist_ok=True)
     args.prompts_out.write_text("".join(json.dumps(p) + "\n" for p in prompts))
 
-    # about 1.2 epochs, so no dropout is needed
+    # under one epoch, so no dropout is needed
     target = make_model(tok, n_layer=8, n_embd=384, n_head=6, dropout=0.0)
     target_run = train(target, train_stream, args, args.target_steps, args.target_lr, "target")
     save_fp16(target, args.out_dir / "target")
