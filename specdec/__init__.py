@@ -1,6 +1,7 @@
 """specdec: speculative decoding research framework.
 
     import specdec
+    draft, target, tokenizer = specdec.load_pair("embedded")  # or "gpt2-xl" where the hub is reachable
     out = specdec.generate(target, input_ids, draft=draft, strategy="speculative", k=4, max_new_tokens=32)
     out.tokens, out.stats.acceptance_rate, out.stats.mean_accepted_length
 """
@@ -9,7 +10,9 @@ from specdec.api import generate
 from specdec.decode import Decoder, GenerationOutput, NonFiniteLogitsError, StepOutcome
 from specdec.drafters import Drafter, ModelDrafter, NoDrafter
 from specdec.early_exit import EarlyExitDrafter
+from specdec.models import ModelPair, ModelUnavailableError, load_pair, resolve_device, resolve_dtype
 from specdec.ngram import NGramDrafter
+from specdec.prompts import Prompt, load_prompts
 from specdec.policies import ConfidenceLength, CostOptimalLength, DraftLengthPolicy, FixedLength, HeuristicLength
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.stats import DecodeStats, RowStats, predicted_speedup
@@ -18,6 +21,13 @@ from specdec.types import Proposal, Verdict
 
 __all__ = [
     "generate",
+    "load_pair",
+    "ModelPair",
+    "ModelUnavailableError",
+    "resolve_device",
+    "resolve_dtype",
+    "load_prompts",
+    "Prompt",
     "Decoder",
     "GenerationOutput",
     "NonFiniteLogitsError",
