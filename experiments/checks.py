@@ -7,21 +7,18 @@ A setting that is valid but meaningless in a sweep (greedy verification while sa
 
 from __future__ import annotations
 
-import re
 from numbers import Real
-from pathlib import Path
 from typing import Callable
 
-import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 import specdec
+from specdec.models import resolve_device, resolve_dtype
+from specdec.prompts import resolve_source
 
-PROMPT_FILE_SUFFIXES = (".jsonl", ".txt")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
 WANDB_MODES = ("offline", "online", "disabled")
 
 
@@ -54,7 +51,6 @@ RULES: list[tuple[str, Callable[[object], bool], str]] = [
     ("num_prompts", optional(int_at_least(1)), "an integer >= 1, or null for all prompts"),
     ("threads", optional(int_at_least(1)), "an integer >= 1, or null for torch's default"),
     ("stop_at_eos", lambda v: isinstance(v, bool), "true or false"),
-    ("dtype", lambda v: v in DTYPES, f"one of {', '.join(DTYPES)}"),
     ("group", lambda v: v is None or isinstance(v, str), "a string, or null for the sweep/run directory name"),
     ("resume", lambda v: isinstance(v, (bool, str)), "true, false, or a run directory path"),
     ("draft_length.k", int_at_least(1), "an integer >= 1"),
@@ -71,6 +67,7 @@ RULES: list[tuple[str, Callable[[object], bool], str]] = [
 
 # Groups whose objects are cheap to build without models: building them runs the constructors' own checks.
 MODEL_FREE_GROUPS = ("strategy", "draft_length", "sampling", "drafter")
+_ABSENT = object()
 
 
 def select(cfg: DictConfig, key: str) -> object:
@@ -89,7 +86,7 @@ def validate(cfg: DictConfig) -> str | None:
         value = select(cfg, key)
         if not rule(value):
             raise ConfigError(f"{key}={value!r} is not allowed: must be {allowed}")
-    check_device(select(cfg, "device"))
+    check_device_and_dtype(select(cfg, "device"), select(cfg, "dtype"))
     check_prompt_source(select(cfg, "data.source"))
     objects = build_model_free(cfg)
     strategy, sampling = objects["strategy"], objects["sampling"]
@@ -99,9 +96,6 @@ def validate(cfg: DictConfig) -> str | None:
             f"greedy verification cannot sample (use strategy=speculative, typical or topk)"
         )
     return None
-
-
-_ABSENT = object()
 
 
 def build_model_free(cfg: DictConfig) -> dict[str, object]:
@@ -122,34 +116,23 @@ def one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
-def check_device(device: object) -> None:
-    """``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``, and present on this machine."""
-    if not isinstance(device, str):
-        raise ConfigError(f"device={device!r} is not allowed: must be auto, cpu, cuda, cuda:N or mps")
-    if device in ("auto", "cpu"):
-        return
-    match = re.fullmatch(r"cuda(?::(\d+))?", device)
-    if match:
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device={device!r} is not available: this machine has no CUDA device; use device=cpu or auto")
-        index = int(match.group(1) or 0)
-        if index >= torch.cuda.device_count():
-            raise ConfigError(
-                f"device={device!r} is not available: this machine has {torch.cuda.device_count()} CUDA device(s), "
-                f"cuda:0..cuda:{torch.cuda.device_count() - 1}"
-            )
-        return
-    if device == "mps":
-        if not torch.backends.mps.is_available():
-            raise ConfigError("device='mps' is not available on this machine; use device=cpu or auto")
-        return
-    raise ConfigError(f"device={device!r} is not allowed: must be auto, cpu, cuda, cuda:N or mps")
+def check_device_and_dtype(device: object, dtype: object) -> None:
+    """The device must be one the pair loader knows and present on this machine; the dtype one it knows."""
+    try:
+        resolved = resolve_device(device)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"device={device!r}: {one_line(err)}") from None
+    try:
+        resolve_dtype(dtype, resolved)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"dtype={dtype!r}: {one_line(err)}") from None
 
 
 def check_prompt_source(source: object) -> None:
-    """A path-like source (a .jsonl/.txt name or one with a directory) must be an existing file."""
+    """A shipped prompt set name, or an existing .jsonl / .txt file (checked without reading it)."""
     if not isinstance(source, str) or not source:
         raise ConfigError(f"data.source={source!r} is not allowed: must be a shipped prompt set name or a file path")
-    looks_like_path = source.endswith(PROMPT_FILE_SUFFIXES) or "/" in source or "\\" in source
-    if looks_like_path and not Path(source).expanduser().is_file():
-        raise ConfigError(f"data.source={source!r}: no such prompt file (need an existing .jsonl or .txt file)")
+    try:
+        resolve_source(source)
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"data.source={source!r}: {one_line(err)}") from None
