@@ -103,10 +103,10 @@ def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = No
         if todo:
             decode_prompts(cfg, setting, todo, out_dir, done_rows, len(prompts), logger, after_row)
         rows = results.read_rows(out_dir)
-        summary = {"run_id": run_id, "group": group, "status": "complete", **identity(setting.columns),
-                   **results.summarize(rows)}
+        summary = {"run_id": run_id, "group": group, "status": "complete", **identity(rows[0]),
+                   "batch_size": cfg.batch_size, **results.summarize(rows)}
         results.write_json(out_dir / results.SUMMARY, summary)
-        print(results.format_table(summary, title(setting.columns, len(rows), out_dir)))
+        print(results.format_table(summary, title(rows[0], len(rows), out_dir)))
         failed = False
     finally:
         logger.finish(results.read_rows(out_dir), summary if not failed else {"status": "failed"}, failed)
@@ -165,9 +165,10 @@ def build_setting(cfg: DictConfig, job: Job, group: str, run_id: str) -> Setting
     return Setting(strategy, policy, sampling, objects["drafter"], columns)
 
 
-def identity(columns: dict) -> dict:
-    keys = ("pair", "drafter", "strategy", "draft_length", "k", "sampling", "batch_size", "data", "device", "dtype")
-    return {key: columns[key] for key in keys}
+def identity(row: dict) -> dict:
+    """The setting every row of a run shares."""
+    keys = ("pair", "drafter", "strategy", "draft_length", "k", "sampling", "data", "device", "dtype")
+    return {key: row[key] for key in keys}
 
 
 def run_name(columns: dict) -> str:
@@ -176,7 +177,7 @@ def run_name(columns: dict) -> str:
 
 def title(columns: dict, num_rows: int, out_dir: Path) -> str:
     return (f"{out_dir}: pair={columns['pair']} strategy={columns['strategy']} k={columns['k']} "
-            f"sampling={columns['sampling']} batch_size={columns['batch_size']} ({num_rows} prompts)")
+            f"sampling={columns['sampling']} ({num_rows} prompts)")
 
 
 def make_drafter(factory: Callable, pair) -> object:
@@ -234,8 +235,8 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
                 writer.write(row)
                 all_rows.append(row)
                 logger.log_row(results.finite_or_none_deep(row), len(all_rows) - 1)
-                progress.update(1)
                 progress.set_postfix(running_means(all_rows), refresh=False)
+                progress.update(1)
                 if after_row is not None:
                     after_row(row)
     finally:
