@@ -202,13 +202,17 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
         device=str(device),
         dtype=str(next(pair.target.parameters()).dtype).removeprefix("torch."),
     )
-    baseline = specdec.Decoder(pair.target, None, setting.strategy, setting.draft_length, setting.sampling)
+    # The baseline gets its own policy object, so an adaptive policy never learns from k = 0 steps.
+    baseline = specdec.Decoder(pair.target, None, setting.strategy, instantiate(cfg.draft_length), setting.sampling)
     speculative = specdec.Decoder(
         pair.target, make_drafter(setting.drafter_factory, pair), setting.strategy, setting.draft_length, setting.sampling
     )
     eos = tokenizer.eos_token_id if cfg.stop_at_eos else None
     batches = [prompts[i : i + cfg.batch_size] for i in range(0, len(prompts), cfg.batch_size)]
-    generate = lambda decoder, ids, mask: decoder.generate(ids, mask, cfg.max_new_tokens, eos, cfg.seed)  # noqa: E731
+
+    @torch.inference_mode()  # no autograd bookkeeping in timed code, whatever the loader did
+    def generate(decoder, input_ids, mask):
+        return decoder.generate(input_ids, mask, cfg.max_new_tokens, eos, cfg.seed)
 
     input_ids, mask = encode(tokenizer, [p.text for p in batches[0]], device)
     for _ in range(cfg.warmup):
