@@ -96,6 +96,7 @@ def unavailable(what: str, source: str) -> ModelUnavailableError:
 
 
 def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
+    """A tokenizer from a local directory or the hub (cache)."""
     try:
         return AutoTokenizer.from_pretrained(source)
     except (OSError, HfHubHTTPError, HFValidationError):
@@ -103,7 +104,7 @@ def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
 
 
 def load_model(source: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
-    """A causal LM in eval mode with gradients off."""
+    """A causal LM from a local directory or the hub (cache), on device, in eval mode with gradients off."""
     try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except (OSError, HfHubHTTPError, HFValidationError):
@@ -112,6 +113,7 @@ def load_model(source: str, device: torch.device, dtype: torch.dtype) -> PreTrai
 
 
 def special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int | None]:
+    """The special-token ids that the decode loop relies on."""
     return {"eos": tokenizer.eos_token_id, "bos": tokenizer.bos_token_id, "pad": tokenizer.pad_token_id}
 
 
