@@ -121,7 +121,9 @@ def resolved(cfg: DictConfig) -> dict:
 
 
 def new_run_id(out_dir: Path) -> str:
-    return f"{out_dir.name}-{uuid.uuid4().hex[:8]}"
+    """Readable and unique: <run dir>-<random>, or <sweep dir>-<job>-<random> for a sweep job."""
+    name = f"{out_dir.parent.name}-{out_dir.name}" if out_dir.name.isdigit() else out_dir.name
+    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 def check_prompt_ids(prompts) -> None:

@@ -66,6 +66,13 @@ def test_data_and_pair_options_load_through_the_library(tiny):
     assert pair.target.config.vocab_size == pair.draft.config.vocab_size == len(pair.tokenizer)
 
 
+def test_embedded_pair_and_heldout_prompts_load():
+    cfg = compose_run(["device=cpu", "num_prompts=3"])
+    pair = instantiate(cfg.pair)
+    assert pair.name == "embedded" and pair.draft.config.vocab_size == pair.target.config.vocab_size
+    assert [p.id for p in instantiate(cfg.data)] == ["heldout-000", "heldout-001", "heldout-002"]
+
+
 def test_defaults_and_run_keys():
     cfg = compose_run()
     assert cfg.pair.preset == "embedded" and cfg.strategy._target_ == "specdec.Speculative"

@@ -85,6 +85,17 @@ def test_default_run_with_wandb_offline(tiny, tmp_path, monkeypatch, capsys, loa
     assert len(wandb_runs) == 1 and rows[0]["run_id"] in wandb_runs[0].name
 
 
+def test_default_config_on_the_embedded_pair(tmp_path, monkeypatch, capsys):
+    """The shipped pair and prompts, everything else default but the size."""
+    run_dir = tmp_path / "run"
+    main(["num_prompts=2", "max_new_tokens=8", "device=cpu", f"hydra.run.dir={run_dir}"], monkeypatch)
+    rows = rows_of(run_dir)
+    assert [row["prompt_id"] for row in rows] == ["heldout-000", "heldout-001"]
+    assert {row["pair"] for row in rows} == {"embedded"} and {row["data"] for row in rows} == {"embedded_heldout"}
+    assert all(set(SCHEMA) <= set(row) and row["emitted"] == 8 for row in rows)
+    assert "speedup" in capsys.readouterr().out
+
+
 def test_k8_and_identical_pair_accepts_everything_at_temperature_0(tiny, tmp_path, monkeypatch):
     """Draft == target at temperature 0: every draft is accepted, so tau = k + 1 on full steps."""
     run_dir = tmp_path / "run"
