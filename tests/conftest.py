@@ -1,4 +1,10 @@
-"""Tiny random-weight GPT-2 models built in-process: the tests never touch the hub."""
+"""Shared test helpers. Tiny random-weight GPT-2 models built in-process (the tests never touch the hub), and for
+the experiment tests a tiny saved pair with a word-level tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,3 +66,84 @@ def target():
 @pytest.fixture(scope="session")
 def draft():
     return tiny_gpt2(1, layers=1)
+
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+WORDS = ("the a of and to in is was it that he she they we you on for with as at by from this his her an be "
+         "had not are but were have one all there their so out up said what which when who will would been "
+         "if more no time then into only could some them my me about its over also two than first new").split()
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> dict:
+    """Saved draft/target dirs (shared vocabulary, tokenizer in each) and a prompts .jsonl file."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("tiny")
+    vocab = {token: i for i, token in enumerate(["<unk>", "<pad>", "<eos>", *WORDS])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>")
+    dirs = {}
+    for role, layers, seed in (("target", 2, 0), ("draft", 1, 1)):
+        torch.manual_seed(seed)
+        config = GPT2Config(vocab_size=len(vocab), n_positions=128, n_embd=32, n_layer=layers, n_head=2,
+                            bos_token_id=2, eos_token_id=2)
+        dirs[role] = root / role
+        GPT2LMHeadModel(config).save_pretrained(dirs[role])
+        tokenizer.save_pretrained(dirs[role])
+    prompts = root / "prompts.jsonl"
+    texts = ["the first time he said", "she was not there", "they will have one more",
+             "what is it that you", "in the new time we", "it was the only one of them"]
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    return {"draft": str(dirs["draft"]), "target": str(dirs["target"]), "prompts": str(prompts), "num_prompts": len(texts)}
+
+
+@pytest.fixture
+def loads(monkeypatch) -> dict:
+    """Count pair and prompt loads (to prove validation happens before any model is loaded)."""
+    import specdec.models
+    import specdec.prompts
+
+    counts = {"pair": 0, "prompts": 0}
+    real_pair, real_prompts = specdec.models.load_pair, specdec.prompts.load_prompts
+
+    def load_pair(*args, **kwargs):
+        counts["pair"] += 1
+        return real_pair(*args, **kwargs)
+
+    def load_prompts(*args, **kwargs):
+        counts["prompts"] += 1
+        return real_prompts(*args, **kwargs)
+
+    monkeypatch.setattr(specdec.models, "load_pair", load_pair)
+    monkeypatch.setattr(specdec.prompts, "load_prompts", load_prompts)
+    return counts
+
+
+def tiny_overrides(tiny: dict, **extra) -> list[str]:
+    """Overrides that point a run at the tiny pair and prompt file, sized for a test."""
+    settings = {
+        "pair.draft": tiny["draft"],
+        "pair.target": tiny["target"],
+        "data": "file",
+        "data.source": tiny["prompts"],
+        "device": "cpu",
+        "dtype": "float32",
+        "max_new_tokens": 8,
+        "num_prompts": 4,
+        "threads": 1,
+    }
+    settings.update(extra)
+    return [f"{key}={'null' if value is None else value}" for key, value in settings.items()]
+
+
+@pytest.fixture(autouse=True)
+def quiet_wandb(monkeypatch, tmp_path):
+    """W&B never reaches the network in tests and writes under the test's tmp dir."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")

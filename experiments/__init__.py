@@ -1,0 +1,1 @@
+"""Hydra-configured experiment runs on top of the specdec library (entry point: experiments/run.py)."""

@@ -1,0 +1,200 @@
+"""The run directory (docs/results-schema.md): rows appended as produced, resume, and the closing summary.
+
+    <run_dir>/config.yaml   resolved config, written before the first prompt
+    <run_dir>/rows.jsonl    one JSON object per prompt, flushed as each prompt finishes
+    <run_dir>/summary.json  written at the end; its absence marks a partial (killed) run
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import yaml
+
+from experiments.checks import ConfigError
+
+CONFIG, ROWS, SUMMARY = "config.yaml", "rows.jsonl", "summary.json"
+# Keys that may differ between a run and its resumption.
+RESUME_FREE_KEYS = ("resume", "group")
+# Metrics summarised as mean and 95% CI over prompts.
+SUMMARY_METRICS = (
+    "speedup", "acceptance_rate", "mean_accepted_length", "spec_tokens_per_s", "baseline_tokens_per_s",
+    "cost_ratio", "predicted_speedup",
+)
+# Two-sided 95% Student t quantiles t_{0.975, df} for df = 1..30; beyond 30 the normal 1.96 is within 2%.
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def finite_or_none(value):
+    """JSON has no NaN: undefined metrics (nothing drafted, never reached) are written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
+class RowWriter:
+    """Appends rows to rows.jsonl, one line each, flushed and fsynced so a killed run loses nothing written."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / ROWS
+        self.file = open(self.path, "a", encoding="utf-8")
+
+    def write(self, row: dict) -> None:
+        self.file.write(json.dumps({k: finite_or_none(v) for k, v in row.items()}) + "\n")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    """Rows already written; a half-written last line (killed mid-write) is dropped and rewritten on resume."""
+    path = run_dir / ROWS
+    if not path.exists():
+        return []
+    rows, lines = [], path.read_text(encoding="utf-8").splitlines(keepends=True)
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number != len(lines):
+                raise ValueError(f"{path}:{number}: not valid JSON; fix or move the file before resuming") from None
+            path.write_text("".join(lines[: number - 1]), encoding="utf-8")  # drop the torn tail
+    return rows
+
+
+def comparable(config: dict) -> dict:
+    """A config with the keys that may change on resume removed (also inside the logger)."""
+    config = {k: v for k, v in config.items() if k not in RESUME_FREE_KEYS}
+    if isinstance(config.get("logger"), dict):
+        config["logger"] = {k: v for k, v in config["logger"].items() if k != "group"}
+    return config
+
+
+def read_config(run_dir: Path) -> dict | None:
+    path = run_dir / CONFIG
+    return yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def config_difference(old: dict, new: dict, prefix: str = "") -> str | None:
+    """The first differing dotted key as 'key: old -> new', or None if equal."""
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            found = config_difference(a, b, f"{prefix}{key}.")
+            if found:
+                return found
+        elif a != b:
+            return f"{prefix}{key}: {a!r} -> {b!r}"
+    return None
+
+
+def check_same_config(run_dir: Path, config: dict) -> None:
+    """Rows of one run directory must come from one config."""
+    old = read_config(run_dir)
+    if old is None:
+        return
+    difference = config_difference(comparable(old), comparable(config))
+    if difference:
+        raise ConfigError(
+            f"run directory {run_dir} holds a run with another config ({difference}); "
+            f"use a new hydra.run.dir or resume with the same settings"
+        )
+
+
+def find_unfinished(search_root: Path, config: dict, exclude: Path) -> Path | None:
+    """The newest run directory under ``search_root`` (depth <= 2) with this config and no summary.json."""
+    if not search_root.is_dir():
+        return None
+    candidates = []
+    for config_path in [*search_root.glob(f"*/{CONFIG}"), *search_root.glob(f"*/*/{CONFIG}")]:
+        run_dir = config_path.parent
+        if run_dir.resolve() == exclude.resolve() or (run_dir / SUMMARY).exists():
+            continue
+        old = read_config(run_dir)
+        if old is not None and config_difference(comparable(old), comparable(config)) is None:
+            candidates.append(run_dir)
+    return max(candidates, key=lambda d: (d / CONFIG).stat().st_mtime, default=None)
+
+
+def results_dir(resume: bool | str, run_dir: Path, search_root: Path, config: dict) -> tuple[Path, str | None]:
+    """Where this run's rows go, and a one-line note when it continues an earlier run.
+
+    The run's own directory, unless ``resume`` is a directory path, or ``resume=true`` finds an unfinished run with
+    the same config under ``search_root``. A directory that already has rows is always continued, never overwritten.
+    """
+    if isinstance(resume, str):
+        target = Path(resume).expanduser()
+        if not (target / CONFIG).is_file():
+            raise ConfigError(f"resume={resume!r}: not a run directory (no {CONFIG} in it)")
+        check_same_config(target, config)
+        return target, f"resuming {target}"
+    check_same_config(run_dir, config)
+    if resume and not read_rows(run_dir):
+        found = find_unfinished(search_root, config, exclude=run_dir)
+        if found is not None:
+            return found, f"resuming {found}"
+        return run_dir, f"resume=true: no unfinished run with this config under {search_root}; starting a new run"
+    return run_dir, None
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(finite_or_none_deep(data), indent=2) + "\n", encoding="utf-8")
+
+
+def finite_or_none_deep(data):
+    if isinstance(data, dict):
+        return {k: finite_or_none_deep(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [finite_or_none_deep(v) for v in data]
+    return finite_or_none(data)
+
+
+def mean_ci(values: list) -> tuple[float, float, float, int]:
+    """(mean, low, high, n) over the non-null values: mean +- t_{0.975, n-1} s / sqrt(n); NaN bounds if n < 2."""
+    x = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    n = len(x)
+    if n == 0:
+        return math.nan, math.nan, math.nan, 0
+    mean = sum(x) / n
+    if n < 2:
+        return mean, math.nan, math.nan, n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in x) / (n - 1))
+    half = (T975[n - 2] if n - 1 <= len(T975) else 1.96) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half, n
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per metric: mean and 95% t interval over prompts; pooled totals as a cross-check."""
+    metrics = {}
+    for name in SUMMARY_METRICS:
+        mean, low, high, n = mean_ci([row.get(name) for row in rows])
+        metrics[name] = {"mean": mean, "ci_low": low, "ci_high": high, "n": n}
+    total = lambda key: sum(row.get(key) or 0 for row in rows)  # noqa: E731
+    drafted = total("drafted")
+    pooled = {
+        "acceptance_rate": total("accepted") / drafted if drafted else math.nan,
+        "mean_accepted_length": total("emitted") / total("target_calls") if total("target_calls") else math.nan,
+        "emitted": total("emitted"),
+        "baseline_emitted": total("baseline_emitted"),
+    }
+    return {"prompts": len(rows), "metrics": metrics, "pooled": pooled}
+
+
+def format_table(summary: dict, title: str) -> str:
+    """The run summary as a short fixed-width table."""
+    lines = [title, f"{'metric':<22} {'mean':>9}   {'95% CI':<21} {'n':>4}"]
+    for name, m in summary["metrics"].items():
+        ci = f"[{m['ci_low']:.3f}, {m['ci_high']:.3f}]" if m["n"] >= 2 else "n/a"
+        mean = f"{m['mean']:.3f}" if m["n"] else "n/a"
+        lines.append(f"{name:<22} {mean:>9}   {ci:<21} {m['n']:>4}")
+    return "\n".join(lines)

@@ -1,0 +1,324 @@
+"""One run: validate the config, load the pair and prompts, then for each prompt decode with the autoregressive
+baseline and with speculative decoding (interleaved, same seed) and append one row to rows.jsonl.
+
+The composed ``DictConfig`` stops here: groups become library objects through ``hydra.utils.instantiate`` and
+the library (``specdec``) is called with plain arguments.
+
+With ``batch_size > 1`` prompts are decoded in left-padded batches. Counts (emitted, drafted, accepted,
+target_calls, per-position acceptance) are per row; timings and everything derived from them (seconds,
+tokens/s, speedup, cost ratio, TTFT/ITL, draft_calls, expected acceptance) describe the whole batch and are
+repeated on each of its rows, whose ``batch_size`` column says how many rows shared them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+import specdec
+from experiments import results
+from experiments.checks import ConfigError, build_model_free, validate
+
+
+@dataclass
+class Job:
+    """Where a run writes and what Hydra knows about it (see ``job_from_hydra``)."""
+
+    run_dir: Path  # Hydra's output directory of this run (a sweep's job subdirectory under -m)
+    default_group: str  # group when the config leaves it null: the sweep directory name, or the run directory name
+    choices: dict  # config group -> chosen option name, e.g. {"sampling": "t1"}
+    search_root: Path  # where resume=true looks for unfinished runs
+
+
+def job_from_hydra() -> Job:
+    """The ``Job`` of the Hydra run or sweep job being executed."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        sweep_dir = Path(hydra_cfg.sweep.dir)
+        return Job(run_dir, sweep_dir.name, dict(hydra_cfg.runtime.choices), sweep_dir.parent)
+    return Job(run_dir, run_dir.name, dict(hydra_cfg.runtime.choices), run_dir.parent)
+
+
+@dataclass
+class Setting:
+    """The library objects and identity columns of one run, built from the config before any model loads."""
+
+    strategy: object
+    draft_length: object
+    sampling: specdec.SamplingConfig
+    drafter_factory: Callable
+    columns: dict  # identity columns shared by every row of the run
+
+
+def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = None) -> dict | None:
+    """Run every prompt of ``cfg`` and return the summary (None for a skipped job).
+
+    ``after_row`` is called with each row once it is on disk (tests use it to simulate a kill).
+    """
+    skip_reason = validate(cfg)
+    config = resolved(cfg)
+    out_dir, note = results.results_dir(config["resume"], job.run_dir, job.search_root, config)
+    if skip_reason:
+        print(f"skipping job: {skip_reason}", file=sys.stderr)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        results.write_json(out_dir / results.SUMMARY, {"status": "skipped", "reason": skip_reason})
+        return None
+    if note:
+        print(note, file=sys.stderr)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+
+    done_rows = results.read_rows(out_dir)
+    run_id = done_rows[0]["run_id"] if done_rows else new_run_id(out_dir)
+    group = done_rows[0]["group"] if done_rows else (cfg.group or job.default_group)
+    config["group"] = group
+    out_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(config), out_dir / results.CONFIG)
+
+    prompts = instantiate(cfg.data)
+    check_prompt_ids(prompts)
+    done = {row["prompt_id"] for row in done_rows}
+    todo = [p for p in prompts if str(p.id) not in done]
+    setting = build_setting(cfg, job, group, run_id)
+    logger = instantiate(cfg.logger)
+    logger.start(run_id, group, run_name(setting.columns), config, out_dir)
+    failed = True
+    try:
+        if todo:
+            decode_prompts(cfg, setting, todo, out_dir, done_rows, len(prompts), logger, after_row)
+        rows = results.read_rows(out_dir)
+        summary = {"run_id": run_id, "group": group, "status": "complete", **identity(rows[0]),
+                   "batch_size": cfg.batch_size, **results.summarize(rows)}
+        results.write_json(out_dir / results.SUMMARY, summary)
+        print(results.format_table(summary, title(rows[0], len(rows), out_dir)))
+        failed = False
+    finally:
+        logger.finish(results.read_rows(out_dir), summary if not failed else {"status": "failed"}, failed)
+    return summary
+
+
+def resolved(cfg: DictConfig) -> dict:
+    """The resolved config as plain data, without Hydra's own node."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    config.pop("hydra", None)
+    return config
+
+
+def new_run_id(out_dir: Path) -> str:
+    """Readable and unique: <run dir>-<random>, or <sweep dir>-<job>-<random> for a sweep job."""
+    name = f"{out_dir.parent.name}-{out_dir.name}" if out_dir.name.isdigit() else out_dir.name
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def check_prompt_ids(prompts) -> None:
+    ids = [str(p.id) for p in prompts]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ValueError(f"prompt ids must be unique (resume keys on them); repeated: {', '.join(duplicates[:5])}")
+    if not prompts:
+        raise ValueError("the prompt set is empty")
+
+
+def build_setting(cfg: DictConfig, job: Job, group: str, run_id: str) -> Setting:
+    objects = build_model_free(cfg)
+    sampling = objects["sampling"]
+    strategy, policy = objects["strategy"], objects["draft_length"]
+    columns = {
+        "run_id": run_id,
+        "group": group,
+        "pair": job.choices.get("pair"),
+        "drafter": job.choices.get("drafter"),
+        "strategy": getattr(strategy, "name", job.choices.get("strategy")),
+        "draft_length": getattr(policy, "name", job.choices.get("draft_length")),
+        "k": policy.max_k,
+        "sampling": job.choices.get("sampling"),
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "min_p": sampling.min_p,
+        "max_new_tokens": cfg.max_new_tokens,
+        "seed": cfg.seed,
+        "batch_size": cfg.batch_size,
+        "data": cfg.data.source,
+        "device": cfg.device,
+        "dtype": cfg.dtype,
+    }
+    # Every other parameter of a swept group is its own column, e.g. strategy_lenience, strategy_n.
+    for group_name in ("strategy", "draft_length", "drafter"):
+        for key, value in cfg[group_name].items():
+            if not key.startswith("_") and key != "k" and isinstance(value, (int, float, str, bool, type(None))):
+                columns[f"{group_name}_{key}"] = value
+    return Setting(strategy, policy, sampling, objects["drafter"], columns)
+
+
+def identity(row: dict) -> dict:
+    """The setting every row of a run shares."""
+    keys = ("pair", "drafter", "strategy", "draft_length", "k", "sampling", "data", "device", "dtype")
+    return {key: row[key] for key in keys}
+
+
+def run_name(columns: dict) -> str:
+    return f"{columns['pair']}/{columns['strategy']}/k{columns['k']}/{columns['sampling']}"
+
+
+def title(columns: dict, num_rows: int, out_dir: Path) -> str:
+    return (f"{out_dir}: pair={columns['pair']} strategy={columns['strategy']} k={columns['k']} "
+            f"sampling={columns['sampling']} ({num_rows} prompts)")
+
+
+def make_drafter(factory: Callable, pair) -> object:
+    """Complete the drafter constructor with the loaded models it asks for by name (model, target, tokenizer)."""
+    available = {"model": pair.draft, "target": pair.target, "tokenizer": pair.tokenizer}
+    parameters = inspect.signature(factory).parameters
+    bound = getattr(factory, "keywords", {}) or {}
+    return factory(**{name: value for name, value in available.items() if name in parameters and name not in bound})
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, total: int, logger, after_row) -> None:
+    """Load the pair, warm up, then decode every prompt batch with both decoders and write its rows."""
+    pair = instantiate(cfg.pair)
+    tokenizer = pair.tokenizer
+    device = model_device(pair.target)
+    setting.columns.update(
+        pair=getattr(pair, "name", None) or setting.columns["pair"],
+        device=str(device),
+        dtype=str(next(pair.target.parameters()).dtype).removeprefix("torch."),
+    )
+    # The baseline gets its own policy object, so an adaptive policy never learns from k = 0 steps.
+    baseline = specdec.Decoder(pair.target, None, setting.strategy, instantiate(cfg.draft_length), setting.sampling)
+    speculative = specdec.Decoder(
+        pair.target, make_drafter(setting.drafter_factory, pair), setting.strategy, setting.draft_length, setting.sampling
+    )
+    eos = tokenizer.eos_token_id if cfg.stop_at_eos else None
+    batches = [prompts[i : i + cfg.batch_size] for i in range(0, len(prompts), cfg.batch_size)]
+
+    @torch.inference_mode()  # no autograd bookkeeping in timed code, whatever the loader did
+    def generate(decoder, input_ids, mask):
+        return decoder.generate(input_ids, mask, cfg.max_new_tokens, eos, cfg.seed)
+
+    input_ids, mask = encode(tokenizer, [p.text for p in batches[0]], device)
+    for _ in range(cfg.warmup):
+        generate(baseline, input_ids, mask)
+        generate(speculative, input_ids, mask)
+
+    writer = results.RowWriter(out_dir)
+    all_rows = list(done_rows)
+    progress = tqdm(total=total, initial=len(done_rows), unit="prompt", desc=run_name(setting.columns), file=sys.stderr,
+                    dynamic_ncols=True)
+    try:
+        for index, batch in enumerate(batches):
+            input_ids, mask = encode(tokenizer, [p.text for p in batch], device)
+            # Alternate which decoder goes first, so drift (thermal, caches, other load) hits both alike.
+            if index % 2 == 0:
+                base_out = generate_or_explain(generate, baseline, input_ids, mask, batch)
+                spec_out = generate_or_explain(generate, speculative, input_ids, mask, batch)
+            else:
+                spec_out = generate_or_explain(generate, speculative, input_ids, mask, batch)
+                base_out = generate_or_explain(generate, baseline, input_ids, mask, batch)
+            for row_index, prompt in enumerate(batch):
+                row = make_row(setting.columns, prompt, int(mask[row_index].sum()), row_index, len(batch), spec_out,
+                               base_out)
+                writer.write(row)
+                all_rows.append(row)
+                logger.log_row(results.finite_or_none_deep(row), len(all_rows) - 1)
+                progress.set_postfix(running_means(all_rows), refresh=False)
+                progress.update(1)
+                if after_row is not None:
+                    after_row(row)
+    finally:
+        progress.close()
+        writer.close()
+
+
+def encode(tokenizer, texts: list[str], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokenize a batch with left padding: [B, T] input ids and attention mask on ``device``."""
+    if len(texts) > 1:
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+    encoded = tokenizer(texts, return_tensors="pt", padding=len(texts) > 1)
+    return encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
+
+
+def generate_or_explain(generate, decoder, input_ids, mask, batch):
+    """Generate; a prompt the library rejects (empty, too long) is named in the error."""
+    try:
+        return generate(decoder, input_ids, mask)
+    except ValueError as err:
+        ids = ", ".join(str(p.id) for p in batch)
+        raise ValueError(f"prompt(s) {ids}: {err}") from err
+
+
+def per_token(seconds: float, tokens: int) -> float:
+    return seconds / tokens if tokens else math.nan
+
+
+def make_row(columns: dict, prompt, prompt_tokens: int, i: int, batch_size: int, spec, base) -> dict:
+    """One flat row (docs/results-schema.md) for row ``i`` of a batch decoded by both decoders."""
+    s, b = spec.stats, base.stats
+    counts = s.rows[i]
+    k = columns["k"]
+    speedup = per_token(b.wall_seconds, b.emitted) / per_token(s.wall_seconds, s.emitted)
+    acceptance = counts.acceptance_rate
+    cost_ratio = s.cost_ratio
+    predicted = (specdec.predicted_speedup(acceptance, k, cost_ratio)
+                 if math.isfinite(acceptance) and math.isfinite(cost_ratio) else math.nan)
+    return {
+        **columns,
+        "batch_size": batch_size,
+        "prompt_id": str(prompt.id),
+        "prompt_tokens": prompt_tokens,
+        "emitted": counts.emitted,
+        "drafted": counts.drafted,
+        "accepted": counts.accepted,
+        "target_calls": counts.target_calls,
+        "draft_calls": s.draft_forwards,
+        "acceptance_rate": acceptance,
+        "mean_accepted_length": counts.mean_accepted_length,
+        "per_position_acceptance": counts.per_position,
+        "expected_acceptance": s.expected_acceptance,
+        "draft_seconds": s.draft_seconds,
+        "target_seconds": s.target_seconds,
+        "other_seconds": s.other_seconds,
+        "spec_seconds": s.wall_seconds,
+        "baseline_seconds": b.wall_seconds,
+        "baseline_emitted": b.rows[i].emitted,
+        "spec_tokens_per_s": s.tokens_per_second,
+        "baseline_tokens_per_s": b.tokens_per_second,
+        "speedup": speedup,
+        "cost_ratio": cost_ratio,
+        "predicted_speedup": predicted,
+        "ttft_seconds": s.ttft_seconds,
+        "itl_seconds": s.itl_seconds,
+        "baseline_ttft_seconds": b.ttft_seconds,
+        "baseline_itl_seconds": b.itl_seconds,
+    }
+
+
+def running_means(rows: list[dict]) -> dict:
+    """Progress-bar postfix: mean acceptance rate and speedup over the prompts done so far."""
+    def mean(key):
+        values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+        return f"{sum(values) / len(values):.2f}" if values else "n/a"
+
+    return {"acc": mean("acceptance_rate"), "speedup": mean("speedup")}

@@ -1,0 +1,355 @@
+"""End-to-end runs of experiments/run.py on a tiny random GPT-2 pair: rows, sweeps, resume, bad input, W&B."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import CONFIGS, REPO, tiny_overrides
+from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
+
+from experiments import results, runner
+from experiments import run as run_app
+from experiments.checks import ConfigError
+from experiments.loggers import WandbLogger, WandbWarning
+
+
+def schema_columns() -> list[str]:
+    """Every column named in the tables of docs/results-schema.md."""
+    columns = []
+    for line in (REPO / "docs" / "results-schema.md").read_text().splitlines():
+        cell = line.split("|")[1].strip() if line.startswith("|") else ""
+        if cell and cell != "column" and not set(cell) <= set("-: "):
+            columns += [name.strip() for name in cell.split(",")]
+    return columns
+
+
+SCHEMA = schema_columns()
+
+
+def main(argv: list[str], monkeypatch) -> None:
+    """Run the Hydra app in-process, as `python experiments/run.py ARGV` would."""
+    monkeypatch.setattr(sys, "argv", ["experiments/run.py", *argv])
+    run_app.main()
+
+
+def rows_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "rows.jsonl").read_text().splitlines()]
+
+
+def compose_run(overrides, run_dir: Path):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("run", overrides=list(overrides), return_hydra_config=True)
+    job = runner.Job(run_dir, run_dir.name, dict(cfg.hydra.runtime.choices), run_dir.parent)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, job
+
+
+def test_schema_parse_found_the_columns():
+    assert len(SCHEMA) == len(set(SCHEMA)) >= 40 and {"run_id", "top_p", "speedup", "baseline_itl_seconds"} <= set(SCHEMA)
+
+
+def test_default_run_with_wandb_offline(tiny, tmp_path, monkeypatch, capsys, loads):
+    run_dir = tmp_path / "run"
+    main([*tiny_overrides(tiny), "logger=wandb", f"hydra.run.dir={run_dir}"], monkeypatch)
+    rows = rows_of(run_dir)
+    assert [row["prompt_id"] for row in rows] == ["p0", "p1", "p2", "p3"] and loads["pair"] == 1
+    for row in rows:
+        assert set(SCHEMA) <= set(row), set(SCHEMA) - set(row)
+        assert row["k"] == 4 and len(row["per_position_acceptance"]) == 4 and row["device"] == "cpu"
+        assert row["strategy"] == "speculative" and row["sampling"] == "greedy" and row["batch_size"] == 1
+        assert row["acceptance_rate"] == pytest.approx(row["accepted"] / row["drafted"])
+        assert row["mean_accepted_length"] == pytest.approx(row["emitted"] / row["target_calls"])
+        baseline_per_token = row["baseline_seconds"] / row["baseline_emitted"]
+        assert row["speedup"] == pytest.approx(baseline_per_token / (row["spec_seconds"] / row["emitted"]))
+        assert 0 < row["emitted"] <= 8 and row["draft_seconds"] > 0 and row["cost_ratio"] > 0
+    assert len({row["run_id"] for row in rows}) == 1 and rows[0]["group"] == "run"
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["draft_length"]["k"] == 4 and "hydra" not in config
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["prompts"] == 4
+    assert summary["metrics"]["speedup"]["n"] == 4 and summary["metrics"]["acceptance_rate"]["ci_low"] is not None
+    out = capsys.readouterr().out
+    assert "speedup" in out and "95% CI" in out and "acceptance_rate" in out
+    wandb_runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(wandb_runs) == 1 and rows[0]["run_id"] in wandb_runs[0].name
+
+
+def test_default_config_on_the_embedded_pair(tmp_path, monkeypatch, capsys):
+    """The shipped pair and prompts, everything else default but the size."""
+    run_dir = tmp_path / "run"
+    main(["num_prompts=2", "max_new_tokens=8", "device=cpu", f"hydra.run.dir={run_dir}"], monkeypatch)
+    rows = rows_of(run_dir)
+    assert [row["prompt_id"] for row in rows] == ["heldout-000", "heldout-001"]
+    assert {row["pair"] for row in rows} == {"embedded"} and {row["data"] for row in rows} == {"embedded_heldout"}
+    assert all(set(SCHEMA) <= set(row) and row["emitted"] == 8 for row in rows)
+    assert "speedup" in capsys.readouterr().out
+
+
+def test_k8_and_identical_pair_accepts_everything_at_temperature_0(tiny, tmp_path, monkeypatch):
+    """Draft == target at temperature 0: every draft is accepted, so tau = k + 1 on full steps."""
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(tiny, **{"pair.draft": tiny["target"], "max_new_tokens": 18, "num_prompts": 2})
+    main([*overrides, "draft_length.k=8", f"hydra.run.dir={run_dir}"], monkeypatch)
+    for row in rows_of(run_dir):
+        assert row["k"] == 8 and row["acceptance_rate"] == 1.0 and row["expected_acceptance"] == 1.0
+        assert row["emitted"] == 18 and row["target_calls"] == 2  # 9 + 9 tokens
+        assert row["predicted_speedup"] is not None
+
+
+def test_issue_sweep_strategy_by_k_in_process(tiny, tmp_path, monkeypatch):
+    """The issue's sweep shape, `-m strategy=greedy,speculative draft_length.k=...`, through Hydra's sweeper."""
+    sweep_dir = tmp_path / "sweep"
+    overrides = tiny_overrides(tiny, num_prompts=2, max_new_tokens=6, warmup=0)
+    main(["-m", "strategy=greedy,speculative", "draft_length.k=1,2", *overrides, "logger=wandb",
+          f"hydra.sweep.dir={sweep_dir}"], monkeypatch)
+    jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
+    assert [p.name for p in jobs] == ["0", "1", "2", "3"] and (sweep_dir / "multirun.yaml").exists()
+    settings = set()
+    for job in jobs:
+        rows = rows_of(job)
+        assert len(rows) == 2 and (job / "summary.json").exists()
+        assert {row["group"] for row in rows} == {"sweep"}
+        settings.add((rows[0]["strategy"], rows[0]["k"]))
+    assert settings == {("greedy", 1), ("greedy", 2), ("speculative", 1), ("speculative", 2)}
+    assert len({rows_of(job)[0]["run_id"] for job in jobs}) == 4
+    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 4
+
+
+def test_every_drafter_and_draft_length_policy_runs_through_the_app(tiny, tmp_path, monkeypatch):
+    """Each drafter and policy option is built by the runner (with the models it asks for) and decodes."""
+    sweep_dir = tmp_path / "sweep"
+    overrides = tiny_overrides(tiny, num_prompts=2, max_new_tokens=6, warmup=0)
+    main(["-m", "drafter=model,ngram,early_exit", "draft_length=fixed,heuristic,confidence,cost_optimal", *overrides,
+          f"hydra.sweep.dir={sweep_dir}"], monkeypatch)
+    settings = set()
+    for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
+        rows = rows_of(job)
+        assert len(rows) == 2 and all(row["emitted"] == 6 for row in rows)
+        settings.add((rows[0]["drafter"], rows[0]["draft_length"]))
+    assert settings == {(d, p) for d in ("model", "ngram", "early_exit")
+                        for p in ("fixed", "heuristic", "confidence", "cost_optimal")}
+
+
+@pytest.mark.slow
+def test_issue_sweep_as_a_subprocess(tiny, tmp_path):
+    """`python experiments/run.py -m ...` exactly as a user types it, with W&B offline."""
+    sweep_dir = tmp_path / "sweep"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
+    command = [sys.executable, "experiments/run.py", "-m", "strategy=greedy,speculative", "draft_length.k=1,2",
+               *tiny_overrides(tiny, num_prompts=2, max_new_tokens=6), "logger=wandb", f"hydra.sweep.dir={sweep_dir}"]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(len(rows_of(sweep_dir / str(n))) for n in range(4)) == [2, 2, 2, 2]
+
+
+def test_sweep_skips_greedy_strategy_when_sampling(tiny, tmp_path, monkeypatch, capsys, loads):
+    sweep_dir = tmp_path / "sweep"
+    overrides = tiny_overrides(tiny, num_prompts=1, max_new_tokens=4, warmup=0)
+    main(["-m", "strategy=greedy,speculative", "sampling=t1", *overrides, f"hydra.sweep.dir={sweep_dir}"], monkeypatch)
+    skipped = json.loads((sweep_dir / "0" / "summary.json").read_text())
+    assert skipped["status"] == "skipped" and not (sweep_dir / "0" / "rows.jsonl").exists()
+    assert len(rows_of(sweep_dir / "1")) == 1 and loads["pair"] == 1
+    message = [line for line in capsys.readouterr().err.splitlines() if "skipping" in line]
+    assert len(message) == 1 and "strategy=greedy" in message[0] and "temperature" in message[0]
+
+
+def test_batched_rows_are_per_prompt(tiny, tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    main([*tiny_overrides(tiny, batch_size=4, num_prompts=6, max_new_tokens=6), f"hydra.run.dir={run_dir}"], monkeypatch)
+    rows = rows_of(run_dir)
+    assert [row["prompt_id"] for row in rows] == [f"p{i}" for i in range(6)]
+    assert [row["batch_size"] for row in rows] == [4, 4, 4, 4, 2, 2]
+    assert len({row["spec_seconds"] for row in rows[:4]}) == 1  # timing is shared within a batch
+    lengths = {row["prompt_id"]: row["prompt_tokens"] for row in rows}
+    assert lengths["p0"] == 5 and lengths["p5"] == 7  # padding is not counted
+    assert all(row["accepted"] <= row["drafted"] and row["emitted"] <= 6 for row in rows)
+
+
+class Killed(Exception):
+    pass
+
+
+def kill_after(n: int):
+    count = {"rows": 0}
+
+    def after_row(row):
+        count["rows"] += 1
+        if count["rows"] == n:
+            raise Killed
+
+    return after_row
+
+
+@pytest.mark.parametrize("how", ["same_run_dir", "resume_true", "resume_path"])
+def test_killed_run_resumes_each_prompt_exactly_once(tiny, tmp_path, how):
+    first_dir = tmp_path / "outputs" / "first"
+    overrides = tiny_overrides(tiny, num_prompts=4, max_new_tokens=4, warmup=0)
+    cfg, job = compose_run(overrides, first_dir)
+    with pytest.raises(Killed):
+        runner.run(cfg, job, after_row=kill_after(2))
+    assert len(rows_of(first_dir)) == 2 and not (first_dir / "summary.json").exists()
+    with open(first_dir / "rows.jsonl", "a") as rows_file:  # killed in the middle of writing the third row
+        rows_file.write('{"run_id": "torn')
+
+    second_dir = {"same_run_dir": first_dir, "resume_true": tmp_path / "outputs" / "second",
+                  "resume_path": tmp_path / "elsewhere"}[how]
+    resume = {"same_run_dir": "false", "resume_true": "true", "resume_path": str(first_dir)}[how]
+    cfg, job = compose_run([*overrides, f"resume={resume}"], second_dir)
+    summary = runner.run(cfg, job)
+    rows = rows_of(first_dir)
+    assert sorted(row["prompt_id"] for row in rows) == [f"p{i}" for i in range(4)]
+    assert len({row["run_id"] for row in rows}) == 1 and summary["prompts"] == 4
+    assert (first_dir / "summary.json").exists() and not (second_dir / "rows.jsonl").exists() or second_dir == first_dir
+
+
+def test_resume_true_without_an_unfinished_run_starts_fresh(tiny, tmp_path, capsys):
+    run_dir = tmp_path / "outputs" / "new"
+    cfg, job = compose_run([*tiny_overrides(tiny, num_prompts=1, max_new_tokens=4, warmup=0), "resume=true"], run_dir)
+    runner.run(cfg, job)
+    assert len(rows_of(run_dir)) == 1 and "starting a new run" in capsys.readouterr().err
+
+
+def test_rerun_into_a_run_dir_with_another_config_is_refused(tiny, tmp_path, loads):
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(tiny, num_prompts=1, max_new_tokens=4, warmup=0)
+    runner.run(*compose_run(overrides, run_dir))
+    with pytest.raises(ConfigError, match=r"draft_length\.k: 4 -> 2"):
+        runner.run(*compose_run([*overrides, "draft_length.k=2"], run_dir))
+    assert loads["pair"] == 1 and len(rows_of(run_dir)) == 1
+
+
+BAD = [
+    (["draft_length.k=0"], "draft_length.k=0"),
+    (["draft_length.k=-3"], "draft_length.k=-3"),
+    (["draft_length.k=2.5"], "draft_length.k=2.5"),
+    (["sampling=t1", "sampling.temperature=-0.5"], "sampling.temperature=-0.5"),
+    (["sampling=t07_topp09", "sampling.top_p=1.5"], "sampling.top_p=1.5"),
+    (["sampling.top_p=0"], "sampling.top_p=0"),
+    (["sampling.top_k=0"], "sampling.top_k=0"),
+    (["data.source=/no/such/prompts.jsonl"], "data.source='/no/such/prompts.jsonl'"),
+    (["device=tpu"], "device='tpu'"),
+    (["dtype=float8"], "dtype='float8'"),
+    (["max_new_tokens=0"], "max_new_tokens=0"),
+    (["batch_size=0"], "batch_size=0"),
+    (["num_prompts=0"], "num_prompts=0"),
+    (["strategy.lenience=0"], "strategy.lenience=0"),
+    (["strategy=topk", "strategy.n=0"], "strategy.n=0"),
+    (["strategy=typical", "strategy.delta=-1"], "strategy.delta=-1"),
+    (["logger=wandb", "logger.mode=sometimes"], "logger.mode='sometimes'"),
+    (["resume=/no/such/run"], "resume='/no/such/run'"),
+]
+if not torch.cuda.is_available():
+    BAD.append((["device=cuda"], "device='cuda'"))
+
+
+@pytest.mark.parametrize("bad,named", BAD, ids=[" ".join(bad) for bad, _ in BAD])
+def test_bad_input_fails_in_one_line_before_any_model_loads(bad, named, tiny, tmp_path, loads):
+    cfg, job = compose_run([*tiny_overrides(tiny), *bad], tmp_path / "run")
+    with pytest.raises(ConfigError) as error:
+        runner.run(cfg, job)
+    assert named in str(error.value) and "\n" not in str(error.value)
+    assert loads == {"pair": 0, "prompts": 0} and not (tmp_path / "run" / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize("bad,named", [(["draft_length.k=0"], "draft_length.k=0"),
+                                       (["sampling.temperature=-1"], "sampling.temperature=-1"),
+                                       (["device=cuda:7"], "device='cuda:7'")])
+def test_main_prints_one_line_and_exits_nonzero(bad, named, tiny, tmp_path, monkeypatch, capsys, loads):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*tiny_overrides(tiny), *bad, f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch)
+    assert exit_info.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("config error: ") and named in errors[0], errors
+    assert loads == {"pair": 0, "prompts": 0}
+
+
+def test_missing_prompt_file_path_is_named(tmp_path, loads):
+    cfg, job = compose_run(["data=file"], tmp_path / "run")
+    with pytest.raises(ConfigError, match="data.source is required"):
+        runner.run(cfg, job)
+    assert loads["pair"] == 0
+
+
+def test_unknown_group_option_is_rejected_by_hydra(tmp_path, monkeypatch, capsys, loads):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["strategy=medusa", f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch)
+    assert exit_info.value.code != 0 and "medusa" in capsys.readouterr().err and loads["pair"] == 0
+
+
+class FakeRun:
+    def __init__(self, fail_on):
+        self.fail_on, self.logged, self.summary, self.finished = fail_on, [], {}, False
+
+    def define_metric(self, *args, **kwargs):
+        pass
+
+    def log(self, data):
+        if self.fail_on == "log":
+            raise ConnectionError("network down")
+        self.logged.append(data)
+
+    def finish(self, exit_code=0):
+        self.finished = True
+
+
+def fake_wandb(fail_on: str | None) -> types.ModuleType:
+    module = types.ModuleType("wandb")
+    module.runs = []
+
+    def init(**kwargs):
+        if fail_on == "init":
+            raise RuntimeError("no credentials")
+        module.runs.append(FakeRun(fail_on))
+        module.runs[-1].kwargs = kwargs
+        return module.runs[-1]
+
+    module.init, module.Settings = init, lambda **kwargs: kwargs
+    module.Table = lambda columns, data: {"columns": columns, "data": data}
+    return module
+
+
+@pytest.mark.parametrize("fail_on", ["init", "log", None])
+def test_wandb_failures_warn_once_and_the_run_goes_on(fail_on, tiny, tmp_path, monkeypatch):
+    wandb = fake_wandb(fail_on)
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    run_dir = tmp_path / "run"
+    cfg, job = compose_run([*tiny_overrides(tiny, num_prompts=3, max_new_tokens=4, warmup=0), "logger=wandb",
+                            "group=g1"], run_dir)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runner.run(cfg, job)
+    ours = [w for w in caught if issubclass(w.category, WandbWarning)]
+    assert len(rows_of(run_dir)) == 3 and (run_dir / "summary.json").exists()
+    if fail_on is None:
+        assert not ours
+        run = wandb.runs[0]
+        assert run.kwargs["group"] == "g1" and run.kwargs["mode"] == "offline" and run.kwargs["config"]["group"] == "g1"
+        assert [step["prompt_index"] for step in run.logged[:3]] == [0, 1, 2] and "rows" in run.logged[3]
+        assert run.summary["metrics/speedup/mean"] > 0 and run.finished
+    else:
+        assert len(ours) == 1 and fail_on in str(ours[0].message)
+
+
+def test_wandb_logger_disabled_mode_needs_no_account(tmp_path):
+    logger = WandbLogger(mode="disabled")
+    logger.start("id1", "group", "name", {"a": 1}, tmp_path)
+    logger.log_row({"speedup": 1.5, "per_position_acceptance": [1.0, None]}, 0)
+    logger.finish([{"speedup": 1.5}], {"metrics": {"speedup": {"mean": 1.5}}})
+    assert not logger.failed
+
+
+def test_summary_statistics():
+    mean, low, high, n = results.mean_ci([1.0, 2.0, 3.0, None])
+    assert (mean, n) == (2.0, 3) and high - mean == pytest.approx(4.303 * 1.0 / 3**0.5)
+    assert results.mean_ci([2.0])[1] != results.mean_ci([2.0])[1]  # NaN: no interval from one prompt
