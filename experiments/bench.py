@@ -212,16 +212,18 @@ def predicted_table(cost_ratio: float, ks: list[int]) -> list[dict]:
 
 
 def batch_scaling(pair: Pair, k: int, batch_sizes: list[int], max_new_tokens: int, clock: Clock) -> list[dict]:
+    """Speculative and baseline tokens/s per batch size (greedy), interleaved, after a warm-up of each."""
     rows = []
     for size in batch_sizes:
         batch = [pair.prompts[i % len(pair.prompts)] for i in range(size)]
-        ours(pair, k, 0.0, max_new_tokens, batch, 0)
-        start = clock.now()
-        tokens = ours(pair, k, 0.0, max_new_tokens, batch, 0)
-        rows.append({"batch": size, "spec_tok_s": sum(map(len, tokens)) / (clock.now() - start)})
+        methods = {"spec": lambda b, i: ours(pair, k, 0.0, max_new_tokens, b, i),
+                   "baseline": lambda b, i: ours(pair, None, 0.0, max_new_tokens, b, i)}
+        tallies = run_interleaved(pair, methods, [batch, batch], max_new_tokens, clock)
+        rows.append({"batch": size, **{f"{name}_tok_s": t.tokens_per_s for name, t in tallies.items()}})
     for row in rows:
-        row["vs_batch_1"] = round(row["spec_tok_s"] / rows[0]["spec_tok_s"], 2)
-        row["spec_tok_s"] = round(row["spec_tok_s"], 1)
+        for name in ("spec", "baseline"):
+            row[f"{name}_vs_batch_1"] = round(row[f"{name}_tok_s"] / rows[0][f"{name}_tok_s"], 2)
+        row["spec_tok_s"], row["baseline_tok_s"] = round(row["spec_tok_s"], 1), round(row["baseline_tok_s"], 1)
     return rows
 
 

@@ -19,10 +19,10 @@ import torch
 from specdec.cache import CACHE_LAYOUTS, KVCache, context_limit, static_capacity
 from specdec.drafters import Drafter, NoDrafter
 from specdec.policies import DraftLengthPolicy, FixedLength
-from specdec.sampling import SamplingConfig, logits_to_probs, one_hot_probs
+from specdec.sampling import SamplingConfig, logits_to_probs, next_token, one_hot_probs
 from specdec.stats import DecodeStats, RowStats
 from specdec.strategies import AcceptanceStrategy, Greedy, Speculative
-from specdec.types import Proposal
+from specdec.types import Proposal, Verdict
 
 
 class NonFiniteLogitsError(FloatingPointError):
@@ -150,6 +150,10 @@ class Decoder:
         eos_token_id: int | list[int] | None = None,
         seed: int = 0,
     ) -> GenerationOutput:
+        with torch.inference_mode():  # no autograd bookkeeping on any forward, whatever the caller's mode
+            return self._generate(input_ids, attention_mask, max_new_tokens, eos_token_id, seed)
+
+    def _generate(self, input_ids, attention_mask, max_new_tokens, eos_token_id, seed) -> GenerationOutput:
         attention_mask = check_prompt(input_ids, attention_mask, self.context_limit)
         check_max_new_tokens(max_new_tokens)
         eos_ids = eos_tensor(eos_token_id, input_ids.device)
@@ -233,13 +237,7 @@ class DecodeRun:
         verify_mask = self.active.long().unsqueeze(1).expand_as(verify_ids)  # finished rows feed holes
         target_logits = self.target_cache.forward(verify_ids, verify_mask)  # [B, k+1, V]
         t2 = self.phase_clock()
-        target_probs = logits_to_probs(target_logits, sampling)  # [B, k+1, V]
-        vocab_size = target_probs.shape[-1]
-        draft_probs = proposal.probs if proposal.probs is not None else one_hot_probs(proposal.tokens, vocab_size)
-        verdict = decoder.strategy(proposal.tokens, draft_probs, target_probs, self.generator)
-        overlap = None
-        if proposal.probs is not None and k:
-            overlap = torch.minimum(proposal.probs, target_probs[:, :k]).sum(-1)  # [B, k]
+        verdict, overlap = self.judge(proposal, target_logits)
         self.counters.add(k, verdict.num_accepted, self.active, overlap)
 
         new_tokens = torch.cat([proposal.tokens, verdict.next_token.unsqueeze(1)], 1)  # [B, k+1]
@@ -301,6 +299,26 @@ class DecodeRun:
             return drafter.propose(k, sampling, self.generator)
         active = self.active  # [B] rows generating this step; the policy ignores the others
         return drafter.propose(k, sampling, self.generator, stop=lambda draft_probs: should_stop(draft_probs, active))
+
+    def judge(self, proposal: Proposal, target_logits: torch.Tensor) -> tuple[Verdict, torch.Tensor | None]:
+        """The strategy's verdict, and [B, k] sum_x min(q, p) per draft position where q is known.
+
+        With no drafts there is nothing to accept: every strategy reduces to picking the next token from p, done
+        here directly (argmax at temperature 0), which keeps the baseline's per-token work to the bare minimum.
+        """
+        sampling, k = self.decoder.sampling, proposal.tokens.shape[1]
+        if k == 0:
+            no_drafts = torch.zeros_like(self.emitted)
+            return Verdict(no_drafts, next_token(target_logits[:, 0], sampling, self.generator)), None
+        target_probs = logits_to_probs(target_logits, sampling)  # [B, k+1, V]
+        draft_probs = proposal.probs
+        if draft_probs is None:
+            draft_probs = one_hot_probs(proposal.tokens, target_probs.shape[-1])
+        verdict = self.decoder.strategy(proposal.tokens, draft_probs, target_probs, self.generator)
+        overlap = None
+        if proposal.probs is not None:
+            overlap = torch.minimum(proposal.probs, target_probs[:, :k]).sum(-1)  # [B, k]
+        return verdict, overlap
 
     def count_new(self, new_tokens: torch.Tensor, num_accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[B] tokens each row emits this step (kept drafts + 1, cut at EOS and the budget) and [B] EOS reached."""

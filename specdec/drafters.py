@@ -73,7 +73,7 @@ class ModelDrafter:
             logits = self.cache.forward(feed, feed_mask)[:, -1]  # [B, V]
             finite &= torch.isfinite(logits).all()
             step_probs = logits_to_probs(logits, sampling)  # [B, V]
-            token = sample(step_probs, generator)  # [B]
+            token = step_probs.argmax(-1) if sampling.is_greedy else sample(step_probs, generator)  # [B]
             tokens.append(token)
             probs.append(step_probs)
             self.num_forwards += 1

@@ -75,3 +75,11 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """
     race = torch.empty_like(probs).exponential_(1.0, generator=generator)
     return (probs / race).argmax(-1)
+
+
+def next_token(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> torch.Tensor:
+    """[..., V] logits -> [...] the token decoding picks: the argmax at temperature 0 (no randomness needed for a
+    point mass), else a sample of the transformed distribution."""
+    if sampling.is_greedy:
+        return logits.argmax(-1)
+    return sample(logits_to_probs(logits, sampling), generator)
