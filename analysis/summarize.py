@@ -87,22 +87,23 @@ def config_columns(summary: pd.DataFrame) -> list[str]:
 def varying_axes(summary: pd.DataFrame, exclude: tuple[str, ...] = ()) -> list[str]:
     """Setting columns taking more than one value across runs, in column (schema) order.
 
-    A column that only relabels an earlier one (temperature when sampling presets vary) is left out so
-    labels stay short; k never is, as plots are drawn along it.
+    A column determined by an earlier one is left out so labels stay short: temperature when sampling presets
+    vary, or an option's own parameters (draft_length_k0 when draft_length varies). k never is, as plots are
+    drawn along it.
     """
     axes: list[str] = []
     for column in config_columns(summary):
         if column in exclude or summary[column].nunique(dropna=False) < 2:
             continue
-        if column == "k" or not any(same_partition(summary, kept, column) for kept in axes):
+        if column == "k" or not any(determined_by(summary, kept, column) for kept in axes):
             axes.append(column)
     return axes
 
 
-def same_partition(summary: pd.DataFrame, a: str, b: str) -> bool:
-    """Whether columns a and b split the runs into the same groups (a one-to-one relabelling)."""
+def determined_by(summary: pd.DataFrame, a: str, b: str) -> bool:
+    """Whether each value of column a comes with a single value of column b across runs."""
     pairs = len(summary[[a, b]].drop_duplicates())
-    return pairs == summary[a].nunique(dropna=False) == summary[b].nunique(dropna=False)
+    return pairs == summary[a].nunique(dropna=False)
 
 
 def setting_label(row: pd.Series, axes: list[str]) -> str:

@@ -23,6 +23,8 @@ def pivot_metric(data: pd.DataFrame, metric: str, rows: str | list[str], cols: s
         if axis not in data.columns:
             raise ResultsError(f"no column {axis!r} to pivot on; columns: {', '.join(map(str, data.columns))}")
     check_one_run_per_cell(data, rows + cols)
+    # pandas drops NaN group keys; an option's parameter is NaN for the other options, so name it instead.
+    data = data.assign(**{axis: data[axis].astype(object).where(data[axis].notna(), "n/a") for axis in rows + cols})
     if not cols:
         return data.groupby(rows, sort=True)[column].mean().to_frame(column)
     return data.pivot_table(values=column, index=rows, columns=cols, aggfunc="mean", sort=True)
