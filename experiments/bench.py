@@ -204,11 +204,21 @@ def cost_profile(pair: Pair, clock: Clock, repeats: int) -> dict:
     return {key: round(value, 3) for key, value in profile.items()}
 
 
-def predicted_table(cost_ratio: float, ks: list[int]) -> list[dict]:
-    return [
-        {"alpha": alpha, **{f"k={k}": round(specdec.predicted_speedup(alpha, k, cost_ratio), 2) for k in ks}}
-        for alpha in (0.6, 0.7, 0.8)
-    ]
+def predicted_table(profile: dict, ks: list[int]) -> list[dict]:
+    """Predicted speedup per alpha and k, twice: Leviathan's formula (verifying k+1 tokens costs one target step)
+    and the same expected tokens per step, E = sum_{i<=k} alpha^i, over the measured costs: E * T(1) / (k T_draft
+    + T_verify(k+1))."""
+    step, draft = profile["target_forward_1_ms"], profile["draft_forward_1_ms"]
+    rows = []
+    for alpha in (0.6, 0.7, 0.8):
+        formula = {f"k={k}": round(specdec.predicted_speedup(alpha, k, profile["cost_ratio"]), 2) for k in ks}
+        measured = {
+            f"k={k}": round(specdec.predicted_speedup(alpha, k, 0.0) * step / (k * draft + profile[f"target_forward_{k + 1}_ms"]), 2)
+            for k in ks
+        }
+        rows += [{"alpha": alpha, "verify cost": "1 step (formula)", **formula},
+                 {"alpha": alpha, "verify cost": "measured", **measured}]
+    return rows
 
 
 def batch_scaling(pair: Pair, k: int, batch_sizes: list[int], max_new_tokens: int, clock: Clock) -> list[dict]:
@@ -219,7 +229,8 @@ def batch_scaling(pair: Pair, k: int, batch_sizes: list[int], max_new_tokens: in
         methods = {"spec": lambda b, i: ours(pair, k, 0.0, max_new_tokens, b, i),
                    "baseline": lambda b, i: ours(pair, None, 0.0, max_new_tokens, b, i)}
         tallies = run_interleaved(pair, methods, [batch, batch], max_new_tokens, clock)
-        rows.append({"batch": size, **{f"{name}_tok_s": t.tokens_per_s for name, t in tallies.items()}})
+        rows.append({"batch": size, **{f"{name}_tok_s": t.tokens_per_s for name, t in tallies.items()},
+                     "spec_overhead": round(tallies["spec"].overhead, 3)})
     for row in rows:
         for name in ("spec", "baseline"):
             row[f"{name}_vs_batch_1"] = round(row[f"{name}_tok_s"] / rows[0][f"{name}_tok_s"], 2)
@@ -265,8 +276,8 @@ def main(argv=None) -> None:
     sections.append("## Cost profile (ms per forward, batch 1)\n\n" + markdown([profile]))
     print(sections[-1], flush=True)
     if not pair.meaningful_acceptance:
-        sections.append("## Predicted speedup (Leviathan formula, measured c; random weights, so predicted only)\n\n"
-                        + markdown(predicted_table(profile["cost_ratio"], ks)))
+        sections.append("## Predicted speedup (random weights, so predicted only; measured c and verify costs)\n\n"
+                        + markdown(predicted_table(profile, ks)))
         print(sections[-1], flush=True)
     if not args.skip_comparison:
         temperatures = [float(t) for t in args.temperatures.split(",")]
