@@ -220,15 +220,17 @@ class DecodeRun:
         by_context = self.limit - (self.prompt_lengths + self.emitted)
         return torch.minimum(by_count, by_context) * self.active
 
-    def budget_bounds(self) -> tuple[int, int]:
-        """(largest remaining budget, smallest context room) over active rows, on the host."""
+    def bounds(self) -> list[torch.Tensor]:
+        """[largest remaining budget, smallest context room] over active rows: the next k's limits, on device."""
         room = self.limit - (self.prompt_lengths + self.emitted)
-        bounds = torch.stack([self.budgets().max(), torch.where(self.active, room, self.limit).min()])
-        remaining_max, room_min = bounds.tolist()
+        return [self.budgets().max(), torch.where(self.active, room, self.limit).min()]
+
+    def budget_bounds(self) -> tuple[int, int]:
+        remaining_max, room_min = torch.stack(self.bounds()).tolist()
         return remaining_max, room_min
 
     def step(self, k: int) -> tuple[int, int]:
-        decoder, sampling = self.decoder, self.decoder.sampling
+        decoder = self.decoder
         t0 = self.phase_clock()
         proposal = self.propose(k) if k else self.empty_proposal()
         k = proposal.tokens.shape[1]  # fewer than asked when the policy stopped the draft early
@@ -250,15 +252,13 @@ class DecodeRun:
         self.active = self.active & ~reached_eos & (self.budgets() > 0)
 
         accepted_live = verdict.num_accepted.masked_fill(~active_during_step, -1)  # [B]
-        room = self.limit - (self.prompt_lengths + self.emitted)
         draft_finite = proposal.finite if proposal.finite is not None else torch.ones((), dtype=torch.bool)
         host = torch.stack(
             [
                 accepted_live.max(),
                 verdict.num_accepted.masked_fill(~active_during_step, k).min(),
                 num_new.max(),
-                self.budgets().max(),
-                torch.where(self.active, room, self.limit).min(),
+                *self.bounds(),
                 torch.isfinite(target_logits).all().long(),
                 draft_finite.to(target_logits.device).long(),
             ]
