@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from analysis.summarize import confidence_interval
 from experiments.checks import ConfigError
 
 CONFIG, ROWS, SUMMARY = "config.yaml", "rows.jsonl", "summary.json"
@@ -24,9 +25,6 @@ SUMMARY_METRICS = (
     "speedup", "acceptance_rate", "mean_accepted_length", "spec_tokens_per_s", "baseline_tokens_per_s",
     "cost_ratio", "predicted_speedup",
 )
-# Two-sided 95% Student t quantiles t_{0.975, df} for df = 1..30; beyond 30 the normal 1.96 is within 2%.
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
 def finite_or_none(value):
@@ -160,17 +158,9 @@ def finite_or_none_deep(data):
 
 
 def mean_ci(values: list) -> tuple[float, float, float, int]:
-    """(mean, low, high, n) over the non-null values: mean +- t_{0.975, n-1} s / sqrt(n); NaN bounds if n < 2."""
+    """(mean, low, high, n) over the finite values: the same 95% Student t interval as analysis/ reports."""
     x = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    n = len(x)
-    if n == 0:
-        return math.nan, math.nan, math.nan, 0
-    mean = sum(x) / n
-    if n < 2:
-        return mean, math.nan, math.nan, n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in x) / (n - 1))
-    half = (T975[n - 2] if n - 1 <= len(T975) else 1.96) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half, n
+    return (*confidence_interval(x), len(x))
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 import specdec
 from experiments import results
+from specdec.api import model_device
 from experiments.checks import ConfigError, build_model_free, validate
 
 
@@ -190,10 +191,6 @@ def make_drafter(factory: Callable, pair) -> object:
     return factory(**{name: value for name, value in available.items() if name in parameters and name not in bound})
 
 
-def model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, total: int, logger, after_row) -> None:
     """Load the pair, warm up, then decode every prompt batch with both decoders and write its rows."""
     pair = instantiate(cfg.pair)
@@ -212,7 +209,6 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
     eos = tokenizer.eos_token_id if cfg.stop_at_eos else None
     batches = [prompts[i : i + cfg.batch_size] for i in range(0, len(prompts), cfg.batch_size)]
 
-    @torch.inference_mode()  # no autograd bookkeeping in timed code, whatever the loader did
     def generate(decoder, input_ids, mask):
         return decoder.generate(input_ids, mask, cfg.max_new_tokens, eos, cfg.seed)
 

@@ -351,5 +351,5 @@ def test_wandb_logger_disabled_mode_needs_no_account(tmp_path):
 
 def test_summary_statistics():
     mean, low, high, n = results.mean_ci([1.0, 2.0, 3.0, None])
-    assert (mean, n) == (2.0, 3) and high - mean == pytest.approx(4.303 * 1.0 / 3**0.5)
+    assert (mean, n) == (2.0, 3) and high - mean == pytest.approx(4.3026527 * 1.0 / 3**0.5)  # t_{0.975, 2}
     assert results.mean_ci([2.0])[1] != results.mean_ci([2.0])[1]  # NaN: no interval from one prompt
