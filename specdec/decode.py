@@ -19,9 +19,9 @@ import torch
 from specdec.cache import CACHE_LAYOUTS, KVCache, context_limit, static_capacity
 from specdec.drafters import Drafter, NoDrafter
 from specdec.policies import DraftLengthPolicy, FixedLength
-from specdec.sampling import SamplingConfig, logits_to_probs, next_token, one_hot_probs
+from specdec.sampling import SamplingConfig, logits_to_probs, next_token, one_hot_probs, usable
 from specdec.stats import DecodeStats, RowStats
-from specdec.strategies import AcceptanceStrategy, Greedy, Speculative
+from specdec.strategies import AcceptanceStrategy, Greedy, Speculative, greedy_verdict, probs_of
 from specdec.types import Proposal, Verdict
 
 
@@ -139,6 +139,7 @@ class Decoder:
                 f"strategy 'greedy' decodes the target's argmax and needs temperature 0, got temperature="
                 f"{self.sampling.temperature}; use 'speculative' (lossless) or 'typical'/'topk' (lossy) to sample"
             )
+        self.judges_by_argmax = self.sampling.is_greedy and getattr(self.strategy, "greedy_at_point_masses", False)
         limits = [context_limit(target)] + [context_limit(m) for m in draft_models(self.drafter)]
         self.context_limit = min((limit for limit in limits if limit is not None), default=None)
 
@@ -259,7 +260,7 @@ class DecodeRun:
                 verdict.num_accepted.masked_fill(~active_during_step, k).min(),
                 num_new.max(),
                 *self.bounds(),
-                torch.isfinite(target_logits).all().long(),
+                usable(target_logits).long(),
                 draft_finite.to(target_logits.device).long(),
             ]
         ).tolist()
@@ -301,23 +302,29 @@ class DecodeRun:
         return drafter.propose(k, sampling, self.generator, stop=lambda draft_probs: should_stop(draft_probs, active))
 
     def judge(self, proposal: Proposal, target_logits: torch.Tensor) -> tuple[Verdict, torch.Tensor | None]:
-        """The strategy's verdict, and [B, k] sum_x min(q, p) per draft position where q is known.
+        """The strategy's verdict, and [B, k] sum_x min(q, p) per draft position (q = onehot(draft) where the
+        drafter gives no distributions).
 
         With no drafts there is nothing to accept: every strategy reduces to picking the next token from p, done
         here directly (argmax at temperature 0), which keeps the baseline's per-token work to the bare minimum.
+        At temperature 0, strategies that are greedy on point masses are judged on token ids (``greedy_verdict``).
         """
         sampling, k = self.decoder.sampling, proposal.tokens.shape[1]
         if k == 0:
             no_drafts = torch.zeros_like(self.emitted)
             return Verdict(no_drafts, next_token(target_logits[:, 0], sampling, self.generator)), None
+        if self.decoder.judges_by_argmax:  # point masses: token ids say everything the strategy would see
+            target_choice = target_logits.argmax(-1)  # [B, k+1]
+            overlap = (proposal.tokens == target_choice[:, :k]).float()  # [B, k] sum_x min(q, p) of point masses
+            return greedy_verdict(proposal.tokens, target_choice), overlap
         target_probs = logits_to_probs(target_logits, sampling)  # [B, k+1, V]
-        draft_probs = proposal.probs
-        if draft_probs is None:
+        if proposal.probs is None:  # point masses q = onehot(draft), so sum_x min(q, p) = p(draft)
+            overlap = probs_of(target_probs[:, :k], proposal.tokens)  # [B, k]
             draft_probs = one_hot_probs(proposal.tokens, target_probs.shape[-1])
-        verdict = self.decoder.strategy(proposal.tokens, draft_probs, target_probs, self.generator)
-        overlap = None
-        if proposal.probs is not None:
+        else:
             overlap = torch.minimum(proposal.probs, target_probs[:, :k]).sum(-1)  # [B, k]
+            draft_probs = proposal.probs
+        verdict = self.decoder.strategy(proposal.tokens, draft_probs, target_probs, self.generator)
         return verdict, overlap
 
     def count_new(self, new_tokens: torch.Tensor, num_accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

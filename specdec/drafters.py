@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import torch
 
 from specdec.cache import KVCache, static_capacity
-from specdec.sampling import SamplingConfig, logits_to_probs, sample
+from specdec.sampling import SamplingConfig, logits_to_probs, sample, usable
 from specdec.types import Proposal
 
 if TYPE_CHECKING:
@@ -71,17 +71,20 @@ class ModelDrafter:
         finite = torch.ones((), dtype=torch.bool, device=feed.device)
         for i in range(k):
             logits = self.cache.forward(feed, feed_mask)[:, -1]  # [B, V]
-            finite &= torch.isfinite(logits).all()
-            step_probs = logits_to_probs(logits, sampling)  # [B, V]
-            token = step_probs.argmax(-1) if sampling.is_greedy else sample(step_probs, generator)  # [B]
+            finite &= usable(logits)
+            if sampling.is_greedy:  # q is a point mass at the argmax: the token says it all
+                token = logits.argmax(-1)  # [B]
+            else:
+                step_probs = logits_to_probs(logits, sampling)  # [B, V]
+                token = sample(step_probs, generator)  # [B]
+                probs.append(step_probs)
             tokens.append(token)
-            probs.append(step_probs)
             self.num_forwards += 1
             if stop is not None and i < k - 1 and stop(logits.float().softmax(-1)):
                 break  # the cache has seen every drafted token but the last, as after a full draft
             feed, feed_mask = token.unsqueeze(1), self.live
         self.proposed = torch.stack(tokens, 1)  # [B, k]
-        return Proposal(self.proposed, torch.stack(probs, 1), finite)
+        return Proposal(self.proposed, torch.stack(probs, 1) if probs else None, finite)
 
     def commit(self, outcome: StepOutcome) -> None:
         """Roll the cache back to the kept drafts and queue the tokens it has not seen."""

@@ -62,6 +62,14 @@ def _keep_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return probs.masked_fill(drop, 0.0)
 
 
+def usable(logits: torch.Tensor) -> torch.Tensor:
+    """[..., V] logits -> [] bool: every row can be normalised, i.e. no NaN, no +inf and not all -inf.
+
+    One reduction over V. A -inf logit alone is fine: it marks a token the model rules out.
+    """
+    return torch.isfinite(logits.amax(-1)).all()
+
+
 def one_hot_probs(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[...] token ids -> [..., V] float32 point masses."""
     return torch.nn.functional.one_hot(tokens, vocab_size).float()

@@ -80,7 +80,11 @@ class DecodeStats:
 
     @property
     def expected_acceptance(self) -> float | None:
-        """None when the drafter gives no distributions (n-gram) or nothing was verified."""
+        """Mean over verified draft positions of sum_x min(q, p); None when nothing was verified.
+
+        Where the drafter gives no distributions (n-gram) q is the point mass at the draft, so this is the mean
+        p(draft): the probability speculative sampling accepts it.
+        """
         if not self.expected_overlap_count:
             return None
         return self.expected_overlap_sum / self.expected_overlap_count

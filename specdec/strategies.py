@@ -8,6 +8,10 @@ Every strategy is called as ``strategy(draft_tokens, draft_probs, target_probs, 
 
 and returns ``Verdict(num_accepted [B], next_token [B])``. Both distributions have already been through
 ``sampling.logits_to_probs`` with the same settings. Strategies hold parameters only, never state.
+
+At temperature 0 both distributions are point masses. A strategy whose verdict on point masses is always greedy
+matching says so with ``greedy_at_point_masses = True``; the decode loop then calls ``greedy_verdict`` on token
+ids directly and never builds the [B, k+1, V] one-hot tensors. Strategies without the attribute are always called.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from specdec.types import Verdict
 class AcceptanceStrategy(Protocol):
     name: str
     lossless: bool
+    greedy_at_point_masses: bool  # optional; see the module docstring
 
     def __call__(
         self,
@@ -37,6 +42,17 @@ class AcceptanceStrategy(Protocol):
 def count_leading_true(accepted: torch.Tensor) -> torch.Tensor:
     """[B, k] bool -> [B] long: length of the all-True prefix of each row."""
     return accepted.long().cumprod(-1).sum(-1)
+
+
+def greedy_verdict(draft_tokens: torch.Tensor, target_choice: torch.Tensor) -> Verdict:
+    """Keep drafts while they equal the target's choice; emit the target's choice at the first mismatch.
+
+    draft_tokens [B, k], target_choice [B, k+1] (the argmax of each target distribution).
+    """
+    k = draft_tokens.shape[1]
+    num_accepted = count_leading_true(draft_tokens == target_choice[:, :k])  # [B]
+    next_token = target_choice.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # [B]
+    return Verdict(num_accepted, next_token)
 
 
 def probs_of(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -66,13 +82,10 @@ class Greedy:
 
     name: str = "greedy"
     lossless: bool = True
+    greedy_at_point_masses: bool = True
 
     def __call__(self, draft_tokens, draft_probs, target_probs, generator) -> Verdict:
-        k = draft_tokens.shape[1]
-        target_argmax = target_probs.argmax(-1)  # [B, k+1]
-        num_accepted = count_leading_true(draft_tokens == target_argmax[:, :k])  # [B]
-        next_token = target_argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # [B]
-        return Verdict(num_accepted, next_token)
+        return greedy_verdict(draft_tokens, target_probs.argmax(-1))
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,7 @@ class Speculative:
 
     lenience: float = 1.0
     name: str = "speculative"
+    greedy_at_point_masses: bool = True  # q(x) = 1 always accepts where p(x) = 1; the residual is p itself
 
     def __post_init__(self) -> None:
         if not 0 < self.lenience <= 1:
@@ -116,7 +130,8 @@ class Typical:
     """Typical acceptance (Medusa, Cai et al. 2024): accept x_i while p_i(x_i) > min(epsilon, delta exp(-H(p_i))).
 
     Lossy. The next token is a sample of p at the first rejected (or bonus) position. At temperature 0 p is a
-    point mass with H = 0, so the rule accepts exactly the argmax: greedy decoding.
+    point mass with H = 0, so the rule accepts exactly the argmax (greedy decoding), unless min(epsilon, delta)
+    reaches 1 and it accepts nothing.
     """
 
     epsilon: float = 0.09
@@ -129,6 +144,10 @@ class Typical:
             raise ValueError(f"typical epsilon must be in (0, 1], got {self.epsilon!r}")
         if not self.delta > 0:
             raise ValueError(f"typical delta must be > 0, got {self.delta!r}")
+
+    @property
+    def greedy_at_point_masses(self) -> bool:
+        return min(self.epsilon, self.delta) < 1
 
     def threshold(self, target_probs: torch.Tensor) -> torch.Tensor:
         """[..., V] p -> [...] acceptance threshold min(epsilon, delta exp(-H(p)))."""
@@ -153,6 +172,7 @@ class TopK:
     n: int = 5
     name: str = "topk"
     lossless: bool = False
+    greedy_at_point_masses: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:

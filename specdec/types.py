@@ -20,8 +20,10 @@ class Proposal:
     """What a drafter proposes for one step."""
 
     tokens: torch.Tensor  # [B, k] long
-    probs: torch.Tensor | None  # [B, k, V] draft distributions q, or None for point-mass proposals (n-gram)
-    finite: torch.Tensor | None = None  # [] bool: False if any draft logits were NaN/inf (checked at the step sync)
+    probs: torch.Tensor | None  # [B, k, V] draft distributions q, or None for point masses q = onehot(tokens)
+    # (n-gram drafts; model drafts at temperature 0)
+    finite: torch.Tensor | None = None  # [] bool: False if draft logits were unusable (``sampling.usable``);
+    # checked at the step sync
 
 
 @dataclass(frozen=True)

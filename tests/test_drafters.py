@@ -225,7 +225,7 @@ def test_model_drafter_stops_when_the_hook_says_so_and_the_loop_uses_the_shorter
     drafter.start(ids, torch.ones_like(ids))
     asked = []
     stop_after_two = lambda probs: asked.append(probs) or len(asked) == 2  # noqa: E731
-    proposal = drafter.propose(5, SamplingConfig(), torch.Generator(), stop=stop_after_two)
+    proposal = drafter.propose(5, SamplingConfig(temperature=1.0), torch.Generator(), stop=stop_after_two)
     assert proposal.tokens.shape == (1, 2) and proposal.probs.shape == (1, 2, VOCAB) and drafter.num_forwards == 2
     torch.testing.assert_close(asked[0].sum(-1), torch.ones(1, dtype=asked[0].dtype))  # a distribution per row
 

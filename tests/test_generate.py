@@ -122,3 +122,33 @@ def test_untimed_phases_give_the_same_tokens_and_nan_phase_times(target, draft):
     assert untimed.tokens == timed.tokens
     assert math.isnan(untimed.stats.draft_seconds) and math.isnan(untimed.stats.cost_ratio)
     assert untimed.stats.wall_seconds > 0 and timed.stats.target_seconds > 0
+
+
+class RejectAll:
+    """A custom rule with no ``greedy_at_point_masses``: the loop must call it even at temperature 0."""
+
+    name, lossless = "reject_all", False
+
+    def __call__(self, draft_tokens, draft_probs, target_probs, generator):
+        assert draft_probs.shape == target_probs[:, :-1].shape  # point masses built for it, q and p alike
+        return specdec.Verdict(torch.zeros_like(draft_tokens[:, 0]), target_probs[:, 0].argmax(-1))
+
+
+@pytest.mark.parametrize("strategy", [RejectAll(), specdec.Typical(epsilon=1.0, delta=1.0)], ids=["custom", "typical"])
+def test_strategies_not_greedy_on_point_masses_are_called_at_temperature_zero(target, draft, strategy):
+    ids = torch.tensor([[4, 5, 6]])
+    baseline = specdec.generate(target, ids, max_new_tokens=12)
+    out = specdec.generate(target, ids, draft=draft, strategy=strategy, k=3, max_new_tokens=12)
+    assert out.tokens == baseline.tokens  # the target's argmax, one token per step
+    assert out.stats.accepted == 0 and out.stats.target_calls == 12
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_expected_acceptance_is_the_acceptance_rate_for_single_greedy_drafts(target, draft, drafter):
+    """With k = 1 at temperature 0 every draft is verified and sum_x min(q, p) is 1 exactly when it is accepted,
+    for model drafts and point-mass (n-gram) drafts alike."""
+    ids, mask = left_pad(random_prompts([6, 9], seed=5))
+    drafter = draft if drafter == "model" else specdec.NGramDrafter(max_ngram=2, min_ngram=1)
+    s = specdec.generate(target, ids, draft=drafter, attention_mask=mask, k=1, max_new_tokens=30).stats
+    assert 0 < s.accepted < s.drafted
+    assert s.expected_acceptance == s.acceptance_rate

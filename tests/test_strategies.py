@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from specdec.sampling import SamplingConfig, logits_to_probs, one_hot_probs
-from specdec.strategies import Greedy, Speculative, TopK, Typical, make_strategy
+from specdec.sampling import SamplingConfig, logits_to_probs, one_hot_probs, usable
+from specdec.strategies import Greedy, Speculative, TopK, Typical, greedy_verdict, make_strategy
 
 GEN = torch.Generator().manual_seed(0)
 
@@ -72,6 +72,37 @@ def test_strategies_reduce_to_sampling_p_with_no_drafts():
     for rule in (Greedy(), Speculative(), Typical(), TopK()):
         verdict = rule(empty, torch.zeros(1, 0, 4), one_hot_probs(torch.tensor([[2]]), 4), GEN)
         assert verdict.num_accepted.tolist() == [0] and verdict.next_token.tolist() == [2]
+
+
+@pytest.mark.parametrize("rule", [Greedy(), Speculative(), Speculative(lenience=0.3), Typical(), Typical(0.99, 5.0),
+                                  TopK(n=1), TopK(n=5)], ids=repr)
+def test_strategies_that_say_so_are_greedy_matching_on_point_masses(rule):
+    """The loop judges these on token ids at temperature 0 (``greedy_verdict``); here, on random point masses
+    (q at the draft, p at the target's choice, as temperature 0 makes them), the rule itself must agree."""
+    g = torch.Generator().manual_seed(4)
+    drafts = torch.randint(0, 3, (500, 4), generator=g)  # a small vocabulary so that drafts often match
+    target_choice = torch.randint(0, 3, (500, 5), generator=g)
+    verdict = rule(drafts, one_hot_probs(drafts, 6), one_hot_probs(target_choice, 6), g)
+    expected = greedy_verdict(drafts, target_choice)
+    assert rule.greedy_at_point_masses
+    assert verdict.num_accepted.tolist() == expected.num_accepted.tolist()
+    assert verdict.next_token.tolist() == expected.next_token.tolist()
+    assert 0 < expected.num_accepted.float().mean() < 4  # both accepting and rejecting rows were exercised
+
+
+def test_typical_with_a_threshold_of_one_is_not_greedy_on_point_masses():
+    rule = Typical(epsilon=1.0, delta=1.0)  # threshold min(1, 1 * exp(-0)) = 1: nothing is accepted
+    drafts = torch.tensor([[2, 2]])
+    verdict = rule(drafts, one_hot_probs(drafts, 4), one_hot_probs(torch.tensor([[2, 2, 3]]), 4), GEN)
+    assert not rule.greedy_at_point_masses
+    assert verdict.num_accepted.tolist() == [0] and verdict.next_token.tolist() == [2]
+
+
+def test_usable_logits_allow_ruled_out_tokens_but_not_nan_or_infinity():
+    inf = float("inf")
+    assert usable(torch.tensor([[0.5, -inf, 2.0], [1.0, 1.0, -inf]]))
+    for bad in ([0.5, float("nan"), 2.0], [0.5, inf, 2.0], [-inf, -inf, -inf]):
+        assert not usable(torch.tensor([[0.0, 1.0, 2.0], bad]))
 
 
 def test_make_strategy_names_and_errors():
