@@ -13,6 +13,8 @@ rollback moves its write pointer back).
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache, StaticCache
 
@@ -47,9 +49,16 @@ class KVCache:
         self.mask = torch.zeros(batch_size, width, dtype=torch.long, device=device)  # [B, S] 1 = committed slot
         self.num_slots = 0  # slots written so far; the static mask is zero past them
         self.next_hole_check = 64  # dynamic layout: slot count at which to look for piled-up holes again
+        self.last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in forward_parameters(model) else {}
 
-    def forward(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> torch.Tensor:
-        """Feed [B, n] tokens (input_mask 0 marks holes) and return their [B, n, V] logits.
+    def prefill(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> None:
+        """Feed [B, n] tokens whose logits nobody needs."""
+        self.forward(input_ids, input_mask, last_only=True)
+
+    def forward(self, input_ids: torch.Tensor, input_mask: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Feed [B, n] tokens (input_mask 0 marks holes) and return their [B, n, V] logits, or with ``last_only``
+        the [B, 1, V] logits of the last position, computed alone where the model can (``logits_to_keep``, as
+        ``generate`` uses it), sparing the head's projection of the others.
 
         The new slots count as committed until ``keep`` says otherwise.
         """
@@ -72,15 +81,18 @@ class KVCache:
             past_key_values=self.past,
             cache_position=slots,
             use_cache=True,
+            **(self.last_logits_only if last_only else {}),
         )
-        return out.logits
+        return out.logits[:, -1:] if last_only else out.logits
 
-    def keep(self, num_kept: torch.Tensor, num_last: int, max_kept: int) -> None:
+    def keep(self, num_kept: torch.Tensor, num_last: int, max_kept: int, min_kept: int = 0) -> None:
         """Of the last ``num_last`` slots keep the first ``num_kept`` [B] of each row; the rest become holes.
 
-        ``max_kept`` is ``num_kept.max()`` already on the host; slots past it are cropped from the cache.
+        ``max_kept`` and ``min_kept`` bound ``num_kept`` over the rows that fed tokens (host ints; rows that fed
+        holes may hold anything). Slots past ``max_kept`` are cropped from the cache; with ``min_kept ==
+        num_last`` no row rejected anything and the mask stays as it is.
         """
-        if num_last == 0:
+        if min_kept >= num_last:
             return
         start = self.num_slots - num_last
         slot = torch.arange(num_last, device=self.mask.device)  # [num_last]
@@ -132,6 +144,10 @@ class KVCache:
         else:
             self.mask = new_mask
         self.num_slots = length
+
+
+def forward_parameters(model: torch.nn.Module) -> set[str]:
+    return set(inspect.signature(model.forward).parameters)
 
 
 def context_limit(model: torch.nn.Module) -> int | None:

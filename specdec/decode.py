@@ -80,18 +80,17 @@ class RowCounters:
         self.overlap_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.overlap_count = zeros(())
 
-    def add(self, k: int, num_accepted: torch.Tensor, active: torch.Tensor, overlap: torch.Tensor | None) -> None:
-        """Count one step; ``overlap`` [B, k] is sum_x min(q, p) per draft position, if distributions exist."""
-        live = active.long()  # [B]
-        self.drafted += k * live
-        self.accepted += num_accepted * live
+    def add(self, k: int, num_accepted: torch.Tensor, live: torch.Tensor, overlap: torch.Tensor | None) -> None:
+        """Count one step of the ``live`` [B] (1/0) rows; ``overlap`` [B, k] is sum_x min(q, p) per draft position."""
         self.target_calls += live
         if k == 0:
             return
+        self.drafted += k * live
+        self.accepted += num_accepted * live
         position = torch.arange(k, device=live.device)  # [k]
-        attempted = (num_accepted.unsqueeze(1) >= position) & active.unsqueeze(1)  # [B, k]
-        self.position_attempts[:, :k] += attempted.long()
-        self.position_accepts[:, :k] += ((num_accepted.unsqueeze(1) > position) & active.unsqueeze(1)).long()
+        attempted = (num_accepted.unsqueeze(1) >= position) * live.unsqueeze(1)  # [B, k]
+        self.position_attempts[:, :k] += attempted
+        self.position_accepts[:, :k] += (num_accepted.unsqueeze(1) > position) * live.unsqueeze(1)
         if overlap is not None:
             self.overlap_sum += (overlap * attempted).sum()
             self.overlap_count += attempted.sum()
@@ -179,10 +178,15 @@ class DecodeRun:
         self.phase_clock = self.clock.phase(decoder.time_phases)
         self.k_max = decoder.draft_length.max_k if decoder.speculates else 0
         self.limit = decoder.context_limit if decoder.context_limit is not None else 2**62
-        self.prompt_lengths = attention_mask.sum(-1)  # [B]
+        self.room = self.limit - attention_mask.sum(-1)  # [B] positions left in each row's context at the start
+        self.allowance = self.room.clamp(max=max_new_tokens)  # [B] tokens each row may emit in all
         self.output = torch.zeros(batch_size, max_new_tokens + self.k_max + 1, dtype=torch.long, device=device)
         self.emitted = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
         self.active = torch.ones(batch_size, dtype=torch.bool, device=device)  # [B]
+        self.live = self.active.long()  # [B] the same as 1/0, the form masks and counters take
+        self.slot_offsets = torch.arange(self.k_max + 1, device=device)  # [k_max+1]
+        self.no_proposal = Proposal(torch.zeros(batch_size, 0, dtype=torch.long, device=device), None)
+        self.no_drafts_accepted = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
         self.counters = RowCounters(batch_size, self.k_max, device)
         self.draft_seconds = self.target_seconds = 0.0
         self.draft_step_seconds = self.target_step_seconds = 0.0
@@ -200,7 +204,7 @@ class DecodeRun:
         batch_size, device = self.input_ids.shape[0], self.input_ids.device
         self.target_cache = KVCache(decoder.target, batch_size, device, "target", decoder.cache_layout, capacity)
         if self.input_ids.shape[1] > 1:
-            self.target_cache.forward(self.input_ids[:, :-1], self.attention_mask[:, :-1])
+            self.target_cache.prefill(self.input_ids[:, :-1], self.attention_mask[:, :-1])
         after_target_prefill = self.phase_clock()
         self.draft_seconds = after_draft_prefill - (start if self.decoder.time_phases else 0.0)
         self.target_seconds = after_target_prefill - after_draft_prefill
@@ -217,14 +221,12 @@ class DecodeRun:
 
     def budgets(self) -> torch.Tensor:
         """[B] tokens each row may still emit: max_new_tokens and the context limit both bound it."""
-        by_count = self.max_new_tokens - self.emitted
-        by_context = self.limit - (self.prompt_lengths + self.emitted)
-        return torch.minimum(by_count, by_context) * self.active
+        return (self.allowance - self.emitted) * self.active
 
     def bounds(self) -> list[torch.Tensor]:
         """[largest remaining budget, smallest context room] over active rows: the next k's limits, on device."""
-        room = self.limit - (self.prompt_lengths + self.emitted)
-        return [self.budgets().max(), torch.where(self.active, room, self.limit).min()]
+        room = torch.where(self.active, self.room - self.emitted, self.limit)  # [B]
+        return [self.budgets().max(), room.min()]
 
     def budget_bounds(self) -> tuple[int, int]:
         remaining_max, room_min = torch.stack(self.bounds()).tolist()
@@ -233,44 +235,46 @@ class DecodeRun:
     def step(self, k: int) -> tuple[int, int]:
         decoder = self.decoder
         t0 = self.phase_clock()
-        proposal = self.propose(k) if k else self.empty_proposal()
+        proposal = self.propose(k) if k else self.no_proposal
         k = proposal.tokens.shape[1]  # fewer than asked when the policy stopped the draft early
         t1 = self.phase_clock()
         verify_ids = torch.cat([self.pending.unsqueeze(1), proposal.tokens], 1)  # [B, k+1]
-        verify_mask = self.active.long().unsqueeze(1).expand_as(verify_ids)  # finished rows feed holes
+        verify_mask = self.live.unsqueeze(1).expand_as(verify_ids)  # finished rows feed holes
         target_logits = self.target_cache.forward(verify_ids, verify_mask)  # [B, k+1, V]
         t2 = self.phase_clock()
         verdict, overlap = self.judge(proposal, target_logits)
-        self.counters.add(k, verdict.num_accepted, self.active, overlap)
+        self.counters.add(k, verdict.num_accepted, self.live, overlap)
 
         new_tokens = torch.cat([proposal.tokens, verdict.next_token.unsqueeze(1)], 1)  # [B, k+1]
-        new_tokens.scatter_(1, verdict.num_accepted.unsqueeze(1), verdict.next_token.unsqueeze(1))
+        if k:  # the next token follows the kept drafts
+            new_tokens.scatter_(1, verdict.num_accepted.unsqueeze(1), verdict.next_token.unsqueeze(1))
         num_new, reached_eos = self.count_new(new_tokens, verdict.num_accepted)
-        slots = self.emitted.unsqueeze(1) + torch.arange(k + 1, device=new_tokens.device)  # [B, k+1]
+        slots = self.emitted.unsqueeze(1) + self.slot_offsets[: k + 1]  # [B, k+1]
         self.output.scatter_(1, slots, new_tokens)  # slots past num_new are overwritten later or never read
         active_during_step = self.active
         self.emitted = self.emitted + num_new
-        self.active = self.active & ~reached_eos & (self.budgets() > 0)
+        self.active = self.active & (self.allowance > self.emitted)
+        if reached_eos is not None:
+            self.active &= ~reached_eos
+        self.live = self.active.long()
 
-        accepted_live = verdict.num_accepted.masked_fill(~active_during_step, -1)  # [B]
-        draft_finite = proposal.finite if proposal.finite is not None else torch.ones((), dtype=torch.bool)
-        host = torch.stack(
-            [
-                accepted_live.max(),
-                verdict.num_accepted.masked_fill(~active_during_step, k).min(),
-                num_new.max(),
-                *self.bounds(),
-                usable(target_logits).long(),
-                draft_finite.to(target_logits.device).long(),
+        scalars = [num_new.max(), num_new.min(), *self.bounds(), usable(target_logits).long()]
+        if k:
+            idle = ~active_during_step  # [B] rows that fed only holes: their verdicts mean nothing
+            scalars += [
+                verdict.num_accepted.masked_fill(idle, -1).max(),
+                verdict.num_accepted.masked_fill(idle, k).min(),
+                proposal.finite.long() if proposal.finite is not None else torch.ones_like(scalars[0]),
             ]
-        ).tolist()
-        max_accepted, min_accepted, max_new, remaining_max, room_min, target_finite, drafts_finite = host
-        if not drafts_finite:
+        host = torch.stack(scalars).tolist()  # the step's one host sync
+        max_new, min_new, remaining_max, room_min, target_usable = host[:5]
+        max_accepted, min_accepted, drafts_usable = host[5:] if k else (0, 0, True)
+        if not drafts_usable:
             raise NonFiniteLogitsError("the draft model produced NaN/inf logits; refusing to emit tokens from them")
-        if not target_finite:
+        if not target_usable:
             raise NonFiniteLogitsError("the target model produced NaN/inf logits; refusing to emit tokens from them")
 
-        self.target_cache.keep(num_new, k + 1, max_new)
+        self.target_cache.keep(num_new, k + 1, max_new, min_new)
         self.pending = verdict.next_token
         t3 = self.phase_clock()
         outcome = StepOutcome(
@@ -311,8 +315,7 @@ class DecodeRun:
         """
         sampling, k = self.decoder.sampling, proposal.tokens.shape[1]
         if k == 0:
-            no_drafts = torch.zeros_like(self.emitted)
-            return Verdict(no_drafts, next_token(target_logits[:, 0], sampling, self.generator)), None
+            return Verdict(self.no_drafts_accepted, next_token(target_logits[:, 0], sampling, self.generator)), None
         if self.decoder.judges_by_argmax:  # point masses: token ids say everything the strategy would see
             target_choice = target_logits.argmax(-1)  # [B, k+1]
             overlap = (proposal.tokens == target_choice[:, :k]).float()  # [B, k] sum_x min(q, p) of point masses
@@ -327,19 +330,16 @@ class DecodeRun:
         verdict = self.decoder.strategy(proposal.tokens, draft_probs, target_probs, self.generator)
         return verdict, overlap
 
-    def count_new(self, new_tokens: torch.Tensor, num_accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B] tokens each row emits this step (kept drafts + 1, cut at EOS and the budget) and [B] EOS reached."""
-        slot = torch.arange(new_tokens.shape[1], device=new_tokens.device)  # [k+1]
+    def count_new(self, new_tokens: torch.Tensor, num_accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[B] tokens each row emits this step (kept drafts + 1, cut at EOS and the budget) and [B] EOS reached
+        (None without EOS ids)."""
         num_new = torch.minimum(num_accepted + 1, self.budgets())  # [B], 0 for finished rows
         if self.eos_ids is None:
-            return num_new, torch.zeros_like(self.active)
+            return num_new, None
+        slot = self.slot_offsets[: new_tokens.shape[1]]  # [k+1]
         is_eos = torch.isin(new_tokens, self.eos_ids) & (slot < num_new.unsqueeze(1))  # [B, k+1]
         first_eos = torch.where(is_eos, slot, new_tokens.shape[1]).amin(-1)  # [B], k+1 if none
         return torch.minimum(num_new, first_eos + 1), is_eos.any(-1)
-
-    def empty_proposal(self) -> Proposal:
-        batch_size = self.input_ids.shape[0]
-        return Proposal(torch.zeros(batch_size, 0, dtype=torch.long, device=self.input_ids.device), None)
 
     def record_times(self, draft: float, target: float) -> None:
         self.draft_seconds += draft

@@ -56,7 +56,7 @@ class ModelDrafter:
         capacity = static_capacity(self.model, input_ids.shape[1]) if self.cache_layout == "static" else None
         self.cache = KVCache(self.model, input_ids.shape[0], input_ids.device, self.label, self.cache_layout, capacity)
         if input_ids.shape[1] > 1:
-            self.cache.forward(input_ids[:, :-1], attention_mask[:, :-1])
+            self.cache.prefill(input_ids[:, :-1], attention_mask[:, :-1])
         # Tokens already emitted but not yet in this cache; unfed[:, j] is a hole where unfed_mask is 0.
         self.unfed = input_ids[:, -1:]  # [B, m]
         self.unfed_mask = torch.ones_like(self.unfed)  # [B, m]
@@ -70,7 +70,7 @@ class ModelDrafter:
         tokens, probs = [], []
         finite = torch.ones((), dtype=torch.bool, device=feed.device)
         for i in range(k):
-            logits = self.cache.forward(feed, feed_mask)[:, -1]  # [B, V]
+            logits = self.cache.forward(feed, feed_mask, last_only=True)[:, -1]  # [B, V]
             finite &= usable(logits)
             if sampling.is_greedy:  # q is a point mass at the argmax: the token says it all
                 token = logits.argmax(-1)  # [B]
@@ -95,7 +95,9 @@ class ModelDrafter:
             self.unfed_mask = torch.cat([self.unfed_mask, torch.ones_like(next_token)], 1) * self.live
             return
         # The cache got the queue plus drafts 1..k-1; draft k was sampled but never fed.
-        self.cache.keep(outcome.num_accepted.clamp(max=k - 1), k - 1, min(outcome.max_accepted, k - 1))
+        num_fed = k - 1
+        kept = outcome.num_accepted.clamp(max=num_fed)  # [B]
+        self.cache.keep(kept, num_fed, min(outcome.max_accepted, num_fed), min(outcome.min_accepted, num_fed))
         self.unfed, self.unfed_mask = next_token, self.live
         if outcome.max_accepted == k:  # rows that kept every draft must still feed draft k
             kept_all = (outcome.num_accepted == k).long().unsqueeze(1)  # [B, 1]

@@ -67,3 +67,30 @@ def test_static_cache_compacts_when_full_and_matches_dynamic(target, draft, monk
 def test_unknown_layout_is_rejected(target):
     with pytest.raises(ValueError, match="unknown cache layout 'paged'; known layouts: dynamic, static"):
         KVCache(target, 1, torch.device("cpu"), "target", "paged")
+
+
+class NoLogitsToKeep(torch.nn.Module):
+    """A causal LM whose forward has no ``logits_to_keep``: the cache must slice the logits itself."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def forward(self, input_ids, attention_mask, position_ids, past_key_values, cache_position, use_cache):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          past_key_values=past_key_values, cache_position=cache_position, use_cache=use_cache)
+
+
+@pytest.mark.parametrize("wrap", [False, True], ids=["logits_to_keep", "sliced"])
+def test_last_only_gives_the_last_positions_logits_and_the_same_cache(target, wrap):
+    model = NoLogitsToKeep(target) if wrap else target
+    ids, mask = left_pad(random_prompts([5, 8], seed=23))
+    full, last = KVCache(model, 2, ids.device, "target"), KVCache(model, 2, ids.device, "target")
+    assert bool(last.last_logits_only) != wrap
+    full_logits = full.forward(ids, mask)
+    last_logits = last.forward(ids, mask, last_only=True)
+    assert last_logits.shape == (2, 1, full_logits.shape[-1])
+    torch.testing.assert_close(last_logits, full_logits[:, -1:], rtol=0, atol=1e-12)
+    nxt = torch.tensor([[5], [6]])
+    torch.testing.assert_close(last.forward(nxt, torch.ones_like(nxt)), full.forward(nxt, torch.ones_like(nxt)),
+                               rtol=0, atol=1e-12)
