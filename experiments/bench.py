@@ -69,17 +69,23 @@ def random_gpt2_shaped_pair(num_prompts: int, device: str, dtype: str) -> Pair:
 
 
 class ForwardTimer:
-    """Total time spent inside the forward passes of the given models (synchronised), via hooks."""
+    """Total time spent inside the forward passes of the given models and their bodies (which a prefill calls
+    alone), synchronised, via hooks; a body's call inside its model's counts once."""
 
     def __init__(self, clock: Clock, *models: torch.nn.Module):
-        self.clock, self.seconds, self.started = clock, 0.0, 0.0
-        self.handles = [h for m in models for h in (m.register_forward_pre_hook(self.pre), m.register_forward_hook(self.post))]
+        self.clock, self.seconds, self.started, self.depth = clock, 0.0, 0.0, 0
+        modules = {id(m): m for model in models for m in (model, getattr(model, "base_model", model))}.values()
+        self.handles = [h for m in modules for h in (m.register_forward_pre_hook(self.pre), m.register_forward_hook(self.post))]
 
     def pre(self, *_):
-        self.started = self.clock.now()
+        if self.depth == 0:
+            self.started = self.clock.now()
+        self.depth += 1
 
     def post(self, *_):
-        self.seconds += self.clock.now() - self.started
+        self.depth -= 1
+        if self.depth == 0:
+            self.seconds += self.clock.now() - self.started
 
     def remove(self):
         for handle in self.handles:

@@ -13,8 +13,6 @@ rollback moves its write pointer back).
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from transformers import DynamicCache, StaticCache
 
@@ -49,19 +47,23 @@ class KVCache:
         self.mask = torch.zeros(batch_size, width, dtype=torch.long, device=device)  # [B, S] 1 = committed slot
         self.num_slots = 0  # slots written so far; the static mask is zero past them
         self.next_hole_check = 64  # dynamic layout: slot count at which to look for piled-up holes again
-        self.last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in forward_parameters(model) else {}
+        self.body = getattr(model, "base_model", model)  # transformers' models: the layers without the LM head
 
     def prefill(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> None:
-        """Feed [B, n] tokens whose logits nobody needs."""
-        self.forward(input_ids, input_mask, last_only=True)
+        """Feed [B, n] tokens whose logits nobody needs: the model's body (``base_model``) fills the cache and the
+        [B, n, V] head projection is skipped. (``logits_to_keep=1`` would keep one position, but for B > 1 its
+        strided slice sends the head through a batched matmul that copies the head's weight per row.)"""
+        self.feed(self.body, input_ids, input_mask)
 
-    def forward(self, input_ids: torch.Tensor, input_mask: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """Feed [B, n] tokens (input_mask 0 marks holes) and return their [B, n, V] logits, or with ``last_only``
-        the [B, 1, V] logits of the last position, computed alone where the model can (``logits_to_keep``, as
-        ``generate`` uses it), sparing the head's projection of the others.
+    def forward(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> torch.Tensor:
+        """Feed [B, n] tokens (input_mask 0 marks holes) and return their [B, n, V] logits.
 
         The new slots count as committed until ``keep`` says otherwise.
         """
+        return self.feed(self.model, input_ids, input_mask).logits
+
+    def feed(self, module: torch.nn.Module, input_ids: torch.Tensor, input_mask: torch.Tensor):
+        """Run ``module`` (the model or its body) on [B, n] tokens over the cache; returns its output."""
         n = input_ids.shape[1]
         if self.static and self.num_slots + n > self.capacity:
             self.compact()
@@ -74,16 +76,14 @@ class KVCache:
         else:
             self.mask = torch.cat([self.mask, input_mask.long()], dim=1)
         self.num_slots += n
-        out = self.model(
+        return module(
             input_ids=input_ids,
             attention_mask=self.mask,
             position_ids=positions.clamp_min(0),
             past_key_values=self.past,
             cache_position=slots,
             use_cache=True,
-            **(self.last_logits_only if last_only else {}),
         )
-        return out.logits[:, -1:] if last_only else out.logits
 
     def keep(self, num_kept: torch.Tensor, num_last: int, max_kept: int, min_kept: int = 0) -> None:
         """Of the last ``num_last`` slots keep the first ``num_kept`` [B] of each row; the rest become holes.
@@ -144,10 +144,6 @@ class KVCache:
         else:
             self.mask = new_mask
         self.num_slots = length
-
-
-def forward_parameters(model: torch.nn.Module) -> set[str]:
-    return set(inspect.signature(model.forward).parameters)
 
 
 def context_limit(model: torch.nn.Module) -> int | None:

@@ -19,7 +19,7 @@ import torch
 from specdec.cache import CACHE_LAYOUTS, KVCache, context_limit, static_capacity
 from specdec.drafters import Drafter, NoDrafter
 from specdec.policies import DraftLengthPolicy, FixedLength
-from specdec.sampling import SamplingConfig, logits_to_probs, next_token, one_hot_probs, usable
+from specdec.sampling import SamplingConfig, argmax, logits_to_probs, next_token, one_hot_probs, usable
 from specdec.stats import DecodeStats, RowStats
 from specdec.strategies import AcceptanceStrategy, Greedy, Speculative, greedy_verdict, probs_of
 from specdec.types import Proposal, Verdict
@@ -317,7 +317,7 @@ class DecodeRun:
         if k == 0:
             return Verdict(self.no_drafts_accepted, next_token(target_logits[:, 0], sampling, self.generator)), None
         if self.decoder.judges_by_argmax:  # point masses: token ids say everything the strategy would see
-            target_choice = target_logits.argmax(-1)  # [B, k+1]
+            target_choice = argmax(target_logits)  # [B, k+1]
             overlap = (proposal.tokens == target_choice[:, :k]).float()  # [B, k] sum_x min(q, p) of point masses
             return greedy_verdict(proposal.tokens, target_choice), overlap
         target_probs = logits_to_probs(target_logits, sampling)  # [B, k+1, V]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import torch
 
 from specdec.cache import KVCache, static_capacity
-from specdec.sampling import SamplingConfig, logits_to_probs, sample, usable
+from specdec.sampling import SamplingConfig, argmax, logits_to_probs, sample, usable
 from specdec.types import Proposal
 
 if TYPE_CHECKING:
@@ -70,10 +70,10 @@ class ModelDrafter:
         tokens, probs = [], []
         finite = torch.ones((), dtype=torch.bool, device=feed.device)
         for i in range(k):
-            logits = self.cache.forward(feed, feed_mask, last_only=True)[:, -1]  # [B, V]
+            logits = self.cache.forward(feed, feed_mask)[:, -1]  # [B, V]
             finite &= usable(logits)
             if sampling.is_greedy:  # q is a point mass at the argmax: the token says it all
-                token = logits.argmax(-1)  # [B]
+                token = argmax(logits)  # [B]
             else:
                 step_probs = logits_to_probs(logits, sampling)  # [B, V]
                 token = sample(step_probs, generator)  # [B]

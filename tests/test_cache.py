@@ -69,28 +69,25 @@ def test_unknown_layout_is_rejected(target):
         KVCache(target, 1, torch.device("cpu"), "target", "paged")
 
 
-class NoLogitsToKeep(torch.nn.Module):
-    """A causal LM whose forward has no ``logits_to_keep``: the cache must slice the logits itself."""
+class WithoutBody(torch.nn.Module):
+    """A causal LM with no ``base_model``: prefill must run the whole model."""
 
     def __init__(self, model):
         super().__init__()
         self.model, self.config = model, model.config
 
-    def forward(self, input_ids, attention_mask, position_ids, past_key_values, cache_position, use_cache):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          past_key_values=past_key_values, cache_position=cache_position, use_cache=use_cache)
+    def forward(self, **kwargs):
+        return self.model(**kwargs)
 
 
-@pytest.mark.parametrize("wrap", [False, True], ids=["logits_to_keep", "sliced"])
-def test_last_only_gives_the_last_positions_logits_and_the_same_cache(target, wrap):
-    model = NoLogitsToKeep(target) if wrap else target
+@pytest.mark.parametrize("wrap", [False, True], ids=["body", "whole-model"])
+def test_prefill_fills_the_cache_as_a_full_forward_does(target, wrap):
+    model = WithoutBody(target) if wrap else target
     ids, mask = left_pad(random_prompts([5, 8], seed=23))
-    full, last = KVCache(model, 2, ids.device, "target"), KVCache(model, 2, ids.device, "target")
-    assert bool(last.last_logits_only) != wrap
-    full_logits = full.forward(ids, mask)
-    last_logits = last.forward(ids, mask, last_only=True)
-    assert last_logits.shape == (2, 1, full_logits.shape[-1])
-    torch.testing.assert_close(last_logits, full_logits[:, -1:], rtol=0, atol=1e-12)
+    full, prefilled = KVCache(model, 2, ids.device, "target"), KVCache(model, 2, ids.device, "target")
+    assert (prefilled.body is model) == wrap
+    full.forward(ids, mask)
+    prefilled.prefill(ids, mask)
     nxt = torch.tensor([[5], [6]])
-    torch.testing.assert_close(last.forward(nxt, torch.ones_like(nxt)), full.forward(nxt, torch.ones_like(nxt)),
+    torch.testing.assert_close(prefilled.forward(nxt, torch.ones_like(nxt)), full.forward(nxt, torch.ones_like(nxt)),
                                rtol=0, atol=1e-12)
