@@ -121,7 +121,7 @@ class Speculative:
         # Rounding can leave no residual mass where p == q; p itself is the exact limit there.
         has_mass = residual.sum(-1, keepdim=True) > 0  # [B, 1]
         residual = torch.where(has_mass, residual, row_at(target_probs, num_accepted))
-        next_token = sample(residual / residual.sum(-1, keepdim=True), generator)  # [B]
+        next_token = sample(residual, generator)  # [B]; sample normalises
         return Verdict(num_accepted, next_token)
 
 

@@ -83,6 +83,15 @@ def synthetic_pair(vocab: int, k: int, seed: int) -> tuple[torch.Tensor, torch.T
     return p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
 
 
+def test_sample_follows_unnormalised_mass_and_never_picks_a_zero():
+    mass = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.5, 0.0, 2.0, 0.0])  # sums to 6.5, zeros inside and at both ends
+    tokens = sample(mass.expand(60_000, 2, -1), torch.Generator().manual_seed(8)).flatten()
+    assert set(tokens.tolist()) == {1, 3, 4, 6}
+    assert chi_square_p_value(tokens, mass / mass.sum()) > SIGNIFICANCE
+    nan_row = torch.full((1, 8), float("nan"))  # refused later at the step's sync; it must still index safely
+    assert 0 <= sample(nan_row, torch.Generator()).item() < 8
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_speculative_first_token_follows_target_on_synthetic_distributions(seed):
     p, q = synthetic_pair(vocab=12, k=3, seed=seed)
