@@ -40,7 +40,8 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Ten
     logits = logits.float()
     if sampling.is_greedy:
         return one_hot_probs(argmax(logits), logits.shape[-1])
-    logits = logits / sampling.temperature
+    if sampling.temperature != 1:
+        logits = logits / sampling.temperature
     if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
         kth_largest = logits.topk(sampling.top_k, dim=-1).values[..., -1:]  # [..., 1]
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))
