@@ -70,19 +70,21 @@ class KVCache:
             if self.num_slots + n > self.capacity:
                 raise ValueError(f"the {self.label} static cache of {self.capacity} slots cannot take {n} more")
         positions = self.mask.sum(-1, keepdim=True) + input_mask.cumsum(-1) - 1  # [B, n]
-        slots = torch.arange(self.num_slots, self.num_slots + n, device=input_ids.device)  # [n]
-        if self.static:
+        if self.static:  # told where to write; a dynamic cache appends
+            slots = torch.arange(self.num_slots, self.num_slots + n, device=input_ids.device)  # [n]
             self.mask[:, slots] = input_mask.long()
+            where = {"cache_position": slots}
         else:
             self.mask = torch.cat([self.mask, input_mask.long()], dim=1)
+            where = {}
         self.num_slots += n
         return module(
             input_ids=input_ids,
             attention_mask=self.mask,
             position_ids=positions.clamp_min(0),
             past_key_values=self.past,
-            cache_position=slots,
             use_cache=True,
+            **where,
         )
 
     def keep(self, num_kept: torch.Tensor, num_last: int, max_kept: int, min_kept: int = 0) -> None:

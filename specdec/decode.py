@@ -19,7 +19,7 @@ import torch
 from specdec.cache import CACHE_LAYOUTS, KVCache, context_limit, static_capacity
 from specdec.drafters import Drafter, NoDrafter
 from specdec.policies import DraftLengthPolicy, FixedLength
-from specdec.sampling import SamplingConfig, argmax, logits_to_probs, next_token, one_hot_probs, usable
+from specdec.sampling import SamplingConfig, greedy_choice, logits_to_probs, one_hot_probs, sample, usable
 from specdec.stats import DecodeStats, RowStats
 from specdec.strategies import AcceptanceStrategy, Greedy, Speculative, greedy_verdict, probs_of
 from specdec.types import Proposal, Verdict
@@ -238,15 +238,18 @@ class DecodeRun:
         proposal = self.propose(k) if k else self.no_proposal
         k = proposal.tokens.shape[1]  # fewer than asked when the policy stopped the draft early
         t1 = self.phase_clock()
-        verify_ids = torch.cat([self.pending.unsqueeze(1), proposal.tokens], 1)  # [B, k+1]
+        verify_ids = self.pending.unsqueeze(1)  # [B, k+1]: the last emitted token, then the drafts
+        if k:
+            verify_ids = torch.cat([verify_ids, proposal.tokens], 1)
         verify_mask = self.live.unsqueeze(1).expand_as(verify_ids)  # finished rows feed holes
         target_logits = self.target_cache.forward(verify_ids, verify_mask)  # [B, k+1, V]
         t2 = self.phase_clock()
-        verdict, overlap = self.judge(proposal, target_logits)
+        verdict, overlap, target_usable = self.judge(proposal, target_logits)
         self.counters.add(k, verdict.num_accepted, self.live, overlap)
 
-        new_tokens = torch.cat([proposal.tokens, verdict.next_token.unsqueeze(1)], 1)  # [B, k+1]
-        if k:  # the next token follows the kept drafts
+        new_tokens = verdict.next_token.unsqueeze(1)  # [B, k+1]: the kept drafts, then the next token
+        if k:
+            new_tokens = torch.cat([proposal.tokens, new_tokens], 1)
             new_tokens.scatter_(1, verdict.num_accepted.unsqueeze(1), verdict.next_token.unsqueeze(1))
         num_new, reached_eos = self.count_new(new_tokens, verdict.num_accepted)
         slots = self.emitted.unsqueeze(1) + self.slot_offsets[: k + 1]  # [B, k+1]
@@ -258,22 +261,25 @@ class DecodeRun:
             self.active &= ~reached_eos
         self.live = self.active.long()
 
-        scalars = [num_new.max(), num_new.min(), *self.bounds(), usable(target_logits).long()]
+        scalars = [*self.bounds(), target_usable.long()]
         if k:
             idle = ~active_during_step  # [B] rows that fed only holes: their verdicts mean nothing
             scalars += [
                 verdict.num_accepted.masked_fill(idle, -1).max(),
                 verdict.num_accepted.masked_fill(idle, k).min(),
                 proposal.finite.long() if proposal.finite is not None else torch.ones_like(scalars[0]),
+                num_new.max(),
+                num_new.min(),
             ]
         host = torch.stack(scalars).tolist()  # the step's one host sync
-        max_new, min_new, remaining_max, room_min, target_usable = host[:5]
-        max_accepted, min_accepted, drafts_usable = host[5:] if k else (0, 0, True)
-        if not drafts_usable:
+        remaining_max, room_min, target_ok = host[:3]
+        max_accepted, min_accepted, drafts_ok, max_new, min_new = host[3:] if k else (0, 0, True, 1, 1)
+        if not drafts_ok:
             raise NonFiniteLogitsError("the draft model produced NaN/inf logits; refusing to emit tokens from them")
-        if not target_usable:
+        if not target_ok:
             raise NonFiniteLogitsError("the target model produced NaN/inf logits; refusing to emit tokens from them")
 
+        # With k = 0 every live row keeps its one token and idle rows fed a hole: there is nothing to roll back.
         self.target_cache.keep(num_new, k + 1, max_new, min_new)
         self.pending = verdict.next_token
         t3 = self.phase_clock()
@@ -305,21 +311,27 @@ class DecodeRun:
         active = self.active  # [B] rows generating this step; the policy ignores the others
         return drafter.propose(k, sampling, self.generator, stop=lambda draft_probs: should_stop(draft_probs, active))
 
-    def judge(self, proposal: Proposal, target_logits: torch.Tensor) -> tuple[Verdict, torch.Tensor | None]:
-        """The strategy's verdict, and [B, k] sum_x min(q, p) per draft position (q = onehot(draft) where the
-        drafter gives no distributions).
+    def judge(
+        self, proposal: Proposal, target_logits: torch.Tensor
+    ) -> tuple[Verdict, torch.Tensor | None, torch.Tensor]:
+        """The strategy's verdict, [B, k] sum_x min(q, p) per draft position (q = onehot(draft) where the drafter
+        gives no distributions), and [] whether the target logits were usable.
 
         With no drafts there is nothing to accept: every strategy reduces to picking the next token from p, done
         here directly (argmax at temperature 0), which keeps the baseline's per-token work to the bare minimum.
         At temperature 0, strategies that are greedy on point masses are judged on token ids (``greedy_verdict``).
         """
         sampling, k = self.decoder.sampling, proposal.tokens.shape[1]
-        if k == 0:
-            return Verdict(self.no_drafts_accepted, next_token(target_logits[:, 0], sampling, self.generator)), None
-        if self.decoder.judges_by_argmax:  # point masses: token ids say everything the strategy would see
-            target_choice = argmax(target_logits)  # [B, k+1]
+        if sampling.is_greedy and (k == 0 or self.decoder.judges_by_argmax):
+            # Point masses: token ids say everything a strategy would see, and one pass over V finds them.
+            target_choice, target_usable = greedy_choice(target_logits)  # [B, k+1], []
+            if k == 0:
+                return Verdict(self.no_drafts_accepted, target_choice[:, 0]), None, target_usable
             overlap = (proposal.tokens == target_choice[:, :k]).float()  # [B, k] sum_x min(q, p) of point masses
-            return greedy_verdict(proposal.tokens, target_choice), overlap
+            return greedy_verdict(proposal.tokens, target_choice), overlap, target_usable
+        if k == 0:
+            token = sample(logits_to_probs(target_logits[:, 0], sampling), self.generator)  # [B]
+            return Verdict(self.no_drafts_accepted, token), None, usable(target_logits)
         target_probs = logits_to_probs(target_logits, sampling)  # [B, k+1, V]
         if proposal.probs is None:  # point masses q = onehot(draft), so sum_x min(q, p) = p(draft)
             overlap = probs_of(target_probs[:, :k], proposal.tokens)  # [B, k]
@@ -328,7 +340,7 @@ class DecodeRun:
             overlap = torch.minimum(proposal.probs, target_probs[:, :k]).sum(-1)  # [B, k]
             draft_probs = proposal.probs
         verdict = self.decoder.strategy(proposal.tokens, draft_probs, target_probs, self.generator)
-        return verdict, overlap
+        return verdict, overlap, usable(target_logits)
 
     def count_new(self, new_tokens: torch.Tensor, num_accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[B] tokens each row emits this step (kept drafts + 1, cut at EOS and the budget) and [B] EOS reached

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import torch
 
 from specdec.cache import KVCache, static_capacity
-from specdec.sampling import SamplingConfig, argmax, logits_to_probs, sample, usable
+from specdec.sampling import SamplingConfig, greedy_choice, logits_to_probs, sample, usable
 from specdec.types import Proposal
 
 if TYPE_CHECKING:
@@ -71,13 +71,14 @@ class ModelDrafter:
         finite = torch.ones((), dtype=torch.bool, device=feed.device)
         for i in range(k):
             logits = self.cache.forward(feed, feed_mask)[:, -1]  # [B, V]
-            finite &= usable(logits)
             if sampling.is_greedy:  # q is a point mass at the argmax: the token says it all
-                token = argmax(logits)  # [B]
+                token, step_usable = greedy_choice(logits)  # [B], []
             else:
+                step_usable = usable(logits)
                 step_probs = logits_to_probs(logits, sampling)  # [B, V]
                 token = sample(step_probs, generator)  # [B]
                 probs.append(step_probs)
+            finite &= step_usable
             tokens.append(token)
             self.num_forwards += 1
             if stop is not None and i < k - 1 and stop(logits.float().softmax(-1)):

@@ -78,6 +78,16 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.max(-1).indices
 
 
+def greedy_choice(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., V] logits -> ([...] argmax, [] ``usable(logits)``) from one pass over V.
+
+    ``max`` carries NaN and +inf into the peak it returns, and the peak is -inf only when the whole row is, so
+    the peak alone says whether the row is usable.
+    """
+    peak, choice = logits.max(-1)
+    return choice, torch.isfinite(peak).all()
+
+
 def one_hot_probs(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[...] token ids -> [..., V] float32 point masses."""
     return torch.nn.functional.one_hot(tokens, vocab_size).float()
@@ -98,11 +108,3 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     point = torch.minimum(uniform * total, total.nextafter(torch.zeros_like(total)))
     token = torch.searchsorted(cdf, point, right=True).squeeze(-1)  # [...] first token whose interval ends past it
     return token.clamp_(max=probs.shape[-1] - 1)  # NaN rows (refused at the step's sync) must still index safely
-
-
-def next_token(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> torch.Tensor:
-    """[..., V] logits -> [...] the token decoding picks: the argmax at temperature 0 (no randomness needed for a
-    point mass), else a sample of the transformed distribution."""
-    if sampling.is_greedy:
-        return argmax(logits)
-    return sample(logits_to_probs(logits, sampling), generator)

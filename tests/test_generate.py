@@ -106,13 +106,24 @@ def test_draft_with_another_vocabulary_is_rejected(target):
         specdec.generate(target, torch.tensor([[1, 2]]), draft=other)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("broken", ["draft", "target"])
-def test_nan_logits_raise_naming_the_model(broken):
+def test_nan_logits_raise_naming_the_model(broken, temperature):
     models = {"draft": tiny_gpt2(1, layers=1), "target": tiny_gpt2(0, layers=2)}
     with torch.no_grad():
         models[broken].lm_head.weight[3, 0] = float("nan")
     with pytest.raises(NonFiniteLogitsError, match=f"the {broken} model produced NaN/inf logits"):
-        specdec.generate(models["target"], torch.tensor([[1, 2, 3]]), draft=models["draft"], max_new_tokens=8)
+        specdec.generate(models["target"], torch.tensor([[1, 2, 3]]), draft=models["draft"], max_new_tokens=8,
+                         temperature=temperature)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_nan_logits_stop_the_baseline_too(temperature):
+    target = tiny_gpt2(0, layers=2)
+    with torch.no_grad():
+        target.lm_head.weight[3, 0] = float("nan")
+    with pytest.raises(NonFiniteLogitsError, match="the target model produced NaN/inf logits"):
+        specdec.generate(target, torch.tensor([[1, 2, 3]]), max_new_tokens=8, temperature=temperature)
 
 
 def test_untimed_phases_give_the_same_tokens_and_nan_phase_times(target, draft):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from specdec.sampling import SamplingConfig, argmax, logits_to_probs, one_hot_probs, usable
+from specdec.sampling import SamplingConfig, argmax, greedy_choice, logits_to_probs, one_hot_probs, usable
 from specdec.strategies import Greedy, Speculative, TopK, Typical, greedy_verdict, make_strategy
 
 GEN = torch.Generator().manual_seed(0)
@@ -100,9 +100,12 @@ def test_typical_with_a_threshold_of_one_is_not_greedy_on_point_masses():
 
 def test_usable_logits_allow_ruled_out_tokens_but_not_nan_or_infinity():
     inf = float("inf")
-    assert usable(torch.tensor([[0.5, -inf, 2.0], [1.0, 1.0, -inf]]))
+    good = torch.tensor([[0.5, -inf, 2.0], [1.0, 1.0, -inf]])
+    assert usable(good) and greedy_choice(good)[1]
+    assert greedy_choice(good)[0].tolist() == argmax(good).tolist() == [2, 0]
     for bad in ([0.5, float("nan"), 2.0], [0.5, inf, 2.0], [-inf, -inf, -inf]):
-        assert not usable(torch.tensor([[0.0, 1.0, 2.0], bad]))
+        logits = torch.tensor([[0.0, 1.0, 2.0], bad])
+        assert not usable(logits) and not greedy_choice(logits)[1]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
