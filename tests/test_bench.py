@@ -1,0 +1,63 @@
+"""The benchmark's measuring parts on a tiny pair: what it counts, and that its comparisons compare like with like.
+(Speed itself is never asserted: the script reports it.)"""
+
+from __future__ import annotations
+
+import torch
+from conftest import random_prompts, tiny_gpt2
+
+from experiments import bench
+from specdec.cache import KVCache
+
+
+class TickingClock:
+    """Each reading is one tick later than the last, so hooks' durations count clock readings exactly."""
+
+    def __init__(self):
+        self.ticks = 0
+
+    def now(self) -> float:
+        self.ticks += 1
+        return float(self.ticks)
+
+
+def tiny_pair() -> bench.Pair:
+    target, draft = tiny_gpt2(0, layers=2), tiny_gpt2(1, layers=1)
+    return bench.Pair("tiny", draft, target, random_prompts([5, 7, 6], seed=3), None, True)
+
+
+def test_forward_timer_counts_a_body_call_inside_its_model_once():
+    model = tiny_gpt2(0, layers=1)
+    timer = bench.ForwardTimer(TickingClock(), model)
+    cache = KVCache(model, 1, torch.device("cpu"), "target")
+    ids = torch.tensor([[3, 4, 5]])
+    with torch.no_grad():
+        cache.prefill(ids, torch.ones_like(ids))  # the body alone: one timed call
+        cache.forward(ids[:, :1], torch.ones_like(ids[:, :1]))  # the model, whose body runs inside: one timed call
+    timer.remove()
+    assert timer.seconds == 2.0 and timer.depth == 0
+
+
+def test_comparison_runs_all_four_methods_and_finds_identical_greedy_tokens():
+    pair = tiny_pair()
+    [row] = bench.comparison_table(pair, ks=[3], temperatures=[0.0], max_new_tokens=10, clock=TickingClock())
+    assert row["identical_tokens"] is True
+    assert {"ours_baseline_tok_s", "ours_speculative_tok_s", "hf_generate_tok_s", "hf_assisted_tok_s"} <= set(row)
+
+
+def test_batch_scaling_decodes_the_same_rows_at_every_batch_size(monkeypatch):
+    pair = tiny_pair()
+    calls = []
+    original = bench.ours
+
+    def counting(pair, k, temperature, max_new_tokens, batch, seed, stop_at_eos=True):
+        calls.append((k, len(batch), stop_at_eos))
+        return original(pair, k, temperature, max_new_tokens, batch, seed, stop_at_eos)
+
+    monkeypatch.setattr(bench, "ours", counting)
+    rows = bench.batch_scaling(pair, 2, [1, 2, 4], max_new_tokens=6, clock=TickingClock())
+    assert [row["batch"] for row in rows] == [1, 2, 4]
+    for size in (1, 2, 4):
+        timed = [c for c in calls if c[1] == size][2:]  # after one warm-up call per method
+        assert sum(batch for _, batch, _ in timed) == 2 * 4  # 4 rows, speculative and baseline each
+    assert not any(stop for _, _, stop in calls)
