@@ -109,11 +109,14 @@ class Tally:
 
 
 def ours(pair: Pair, k: int | None, temperature: float, max_new_tokens: int, batch: list[list[int]], seed: int,
-         stop_at_eos: bool = True):
+         stop_at_eos: bool = True, stats: list | None = None):
+    """Our decoding of one batch; its DecodeStats are appended to ``stats`` if given."""
     ids, mask = left_pad(batch, pair.target.device)
     out = specdec.generate(pair.target, ids, draft=pair.draft if k else None, attention_mask=mask, k=k or 1,
                            max_new_tokens=max_new_tokens, temperature=temperature,
                            eos_token_id=pair.eos_token_id if stop_at_eos else None, seed=seed)
+    if stats is not None:
+        stats.append(out.stats)
     return out.tokens
 
 
@@ -233,17 +236,22 @@ def batch_scaling(pair: Pair, k: int, batch_sizes: list[int], max_new_tokens: in
 
     Every batch size decodes the same work: the first max(batch_sizes) prompts (cycled), split into batches of
     that size. EOS is ignored so that every row emits max_new_tokens: rows that stop after a token or two would
-    leave a batch part-empty, and the table would measure the prompts instead of the loop.
+    leave a batch part-empty, and the table would measure the prompts instead of the loop. Rows still finish at
+    different steps (those that accept more drafts sooner); ``spec_live_rows`` is the share of row-steps in which
+    a row was still generating.
     """
     work = [pair.prompts[i % len(pair.prompts)] for i in range(max(batch_sizes))]
     rows = []
     for size in batch_sizes:
         batches = [work[start : start + size] for start in range(0, len(work), size)]
-        methods = {"spec": lambda b, i: ours(pair, k, 0.0, max_new_tokens, b, i, stop_at_eos=False),
+        spec_stats = []
+        methods = {"spec": lambda b, i: ours(pair, k, 0.0, max_new_tokens, b, i, stop_at_eos=False, stats=spec_stats),
                    "baseline": lambda b, i: ours(pair, None, 0.0, max_new_tokens, b, i, stop_at_eos=False)}
         tallies = run_interleaved(pair, methods, batches, max_new_tokens, clock)
+        timed = spec_stats[1:]  # after the warm-up call
+        live = sum(s.target_calls for s in timed) / sum(len(s.rows) * s.target_forwards for s in timed)
         rows.append({"batch": size, **{f"{name}_tok_s": t.tokens_per_s for name, t in tallies.items()},
-                     "spec_overhead": round(tallies["spec"].overhead, 3)})
+                     "spec_overhead": round(tallies["spec"].overhead, 3), "spec_live_rows": round(live, 2)})
     for row in rows:
         for name in ("spec", "baseline"):
             row[f"{name}_vs_batch_1"] = round(row[f"{name}_tok_s"] / rows[0][f"{name}_tok_s"], 2)
