@@ -231,11 +231,12 @@ def predicted_table(profile: dict, ks: list[int]) -> list[dict]:
     return rows
 
 
-def batch_scaling(pair: Pair, k: int, batch_sizes: list[int], max_new_tokens: int, clock: Clock) -> list[dict]:
+def batch_scaling(pair: Pair, k: int, batch_sizes: list[int], max_new_tokens: int, clock: Clock,
+                  rounds: int = 1) -> list[dict]:
     """Speculative and baseline tokens/s per batch size (greedy), interleaved, after a warm-up of each.
 
     Every batch size decodes the same work: the first max(batch_sizes) prompts (cycled), split into batches of
-    that size. EOS is ignored so that every row emits max_new_tokens: rows that stop after a token or two would
+    that size, ``rounds`` times over (one batch of 16 is a single measurement otherwise). EOS is ignored so that every row emits max_new_tokens: rows that stop after a token or two would
     leave a batch part-empty, and the table would measure the prompts instead of the loop. Rows still finish at
     different steps (those that accept more drafts sooner); ``spec_live_rows`` is the share of row-steps in which
     a row was still generating.
@@ -243,7 +244,7 @@ def batch_scaling(pair: Pair, k: int, batch_sizes: list[int], max_new_tokens: in
     work = [pair.prompts[i % len(pair.prompts)] for i in range(max(batch_sizes))]
     rows = []
     for size in batch_sizes:
-        batches = [work[start : start + size] for start in range(0, len(work), size)]
+        batches = [work[start : start + size] for start in range(0, len(work), size)] * rounds
         spec_stats = []
         methods = {"spec": lambda b, i: ours(pair, k, 0.0, max_new_tokens, b, i, stop_at_eos=False, stats=spec_stats),
                    "baseline": lambda b, i: ours(pair, None, 0.0, max_new_tokens, b, i, stop_at_eos=False)}
@@ -275,6 +276,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--temperatures", default="0,1", help="sampling temperatures to compare")
     parser.add_argument("--batch-sizes", default="1,4,8,16")
     parser.add_argument("--repeats", type=int, default=20, help="timed repeats per forward in the cost profile")
+    parser.add_argument("--batch-rounds", type=int, default=3, help="times the batch-scaling work is decoded")
     parser.add_argument("--skip-comparison", action="store_true", help="cost profile and batch scaling only")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
@@ -306,7 +308,8 @@ def main(argv=None) -> None:
             rows = comparison_table(pair, ks, temperatures, args.max_new_tokens, clock)
         sections.append("## Ours vs transformers (tokens/s, batch 1)\n\n" + markdown(rows))
     with torch.no_grad():
-        scaling = batch_scaling(pair, 4, [int(b) for b in args.batch_sizes.split(",")], args.max_new_tokens, clock)
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+        scaling = batch_scaling(pair, 4, batch_sizes, args.max_new_tokens, clock, args.batch_rounds)
     sections.append("## Batch scaling (greedy, k = 4, EOS ignored; the same prompts at every batch size)\n\n"
                     + markdown(scaling))
     print(sections[-1], flush=True)

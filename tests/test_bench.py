@@ -55,11 +55,11 @@ def test_batch_scaling_decodes_the_same_rows_at_every_batch_size(monkeypatch):
         return original(pair, k, temperature, max_new_tokens, batch, seed, stop_at_eos, stats)
 
     monkeypatch.setattr(bench, "ours", counting)
-    rows = bench.batch_scaling(pair, 2, [1, 2, 4], max_new_tokens=6, clock=TickingClock())
+    rows = bench.batch_scaling(pair, 2, [1, 2, 4], max_new_tokens=6, clock=TickingClock(), rounds=2)
     assert [row["batch"] for row in rows] == [1, 2, 4]
     assert rows[0]["spec_live_rows"] == 1.0  # a lone row generates until it is done
     assert all(0 < row["spec_live_rows"] <= 1 for row in rows)
     for size in (1, 2, 4):
         timed = [c for c in calls if c[1] == size][2:]  # after one warm-up call per method
-        assert sum(batch for _, batch, _ in timed) == 2 * 4  # 4 rows, speculative and baseline each
+        assert sum(batch for _, batch, _ in timed) == 2 * 2 * 4  # 4 rows, twice, speculative and baseline each
     assert not any(stop for _, _, stop in calls)
