@@ -267,20 +267,42 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def positive_int(text: str) -> int:
+    value = int(text) if text.strip().lstrip("-").isdigit() else None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def positive_ints(text: str) -> list[int]:
+    return [positive_int(part) for part in text.split(",")]
+
+
+def temperatures(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        values = [-1.0]
+    if not all(value >= 0 for value in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated temperatures >= 0 (0 is greedy), got {text!r}")
+    return values
+
+
 def parse_args(argv=None) -> argparse.Namespace:
+    """Every value is checked here, before any model loads."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="embedded", help="embedded | gpt2-shaped | a load_pair preset")
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per configuration")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--ks", default="1,2,3,4,5,6,7,8", help="draft lengths to compare")
-    parser.add_argument("--temperatures", default="0,1", help="sampling temperatures to compare")
-    parser.add_argument("--batch-sizes", default="1,4,8,16")
-    parser.add_argument("--repeats", type=int, default=20, help="timed repeats per forward in the cost profile")
-    parser.add_argument("--batch-rounds", type=int, default=3, help="times the batch-scaling work is decoded")
+    parser.add_argument("--prompts", type=positive_int, default=8, help="prompts per configuration")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64)
+    parser.add_argument("--ks", type=positive_ints, default="1,2,3,4,5,6,7,8", help="draft lengths to compare")
+    parser.add_argument("--temperatures", type=temperatures, default="0,1", help="sampling temperatures to compare")
+    parser.add_argument("--batch-sizes", type=positive_ints, default="1,4,8,16")
+    parser.add_argument("--repeats", type=positive_int, default=20, help="timed repeats per forward in the cost profile")
+    parser.add_argument("--batch-rounds", type=positive_int, default=3, help="times the batch-scaling work is decoded")
     parser.add_argument("--skip-comparison", action="store_true", help="cost profile and batch scaling only")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--out", default=None, help="directory for bench.md and bench.json")
     return parser.parse_args(argv)
 
@@ -289,7 +311,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    ks = [int(k) for k in args.ks.split(",")]
+    ks = args.ks
     pair = load_bench_pair(args.pair, args.prompts, args.device, args.dtype)
     clock = Clock(pair.target.device)
     device = f"{pair.target.device} {next(pair.target.parameters()).dtype}, torch threads {torch.get_num_threads()}"
@@ -303,13 +325,11 @@ def main(argv=None) -> None:
                         + markdown(predicted_table(profile, ks)))
         print(sections[-1], flush=True)
     if not args.skip_comparison:
-        temperatures = [float(t) for t in args.temperatures.split(",")]
         with torch.no_grad():
-            rows = comparison_table(pair, ks, temperatures, args.max_new_tokens, clock)
+            rows = comparison_table(pair, ks, args.temperatures, args.max_new_tokens, clock)
         sections.append("## Ours vs transformers (tokens/s, batch 1)\n\n" + markdown(rows))
     with torch.no_grad():
-        batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-        scaling = batch_scaling(pair, 4, batch_sizes, args.max_new_tokens, clock, args.batch_rounds)
+        scaling = batch_scaling(pair, 4, args.batch_sizes, args.max_new_tokens, clock, args.batch_rounds)
     sections.append("## Batch scaling (greedy, k = 4, EOS ignored; the same prompts at every batch size)\n\n"
                     + markdown(scaling))
     print(sections[-1], flush=True)

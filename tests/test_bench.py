@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import random_prompts, tiny_gpt2
 
@@ -63,3 +64,15 @@ def test_batch_scaling_decodes_the_same_rows_at_every_batch_size(monkeypatch):
         timed = [c for c in calls if c[1] == size][2:]  # after one warm-up call per method
         assert sum(batch for _, batch, _ in timed) == 2 * 2 * 4  # 4 rows, twice, speculative and baseline each
     assert not any(stop for _, _, stop in calls)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ks", "2,0"], "--ks: expected an integer >= 1, got '0'"),
+    (["--batch-sizes", "1,x"], "--batch-sizes: expected an integer >= 1, got 'x'"),
+    (["--temperatures", "0,-1"], "--temperatures: expected comma-separated temperatures >= 0"),
+    (["--batch-rounds", "0"], "--batch-rounds: expected an integer >= 1"),
+])
+def test_bad_arguments_stop_before_any_model_loads(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(argv)
+    assert message in capsys.readouterr().err
