@@ -190,6 +190,17 @@ def comparison_table(pair: Pair, ks: list[int], temperatures: list[float], max_n
     return rows
 
 
+def baseline_summary(rows: list[dict]) -> str:
+    """The baselines do not depend on k, so each row of a temperature measures the same ratio again: their mean
+    is the steadier figure on a noisy machine."""
+    lines = []
+    for temperature in dict.fromkeys(row["temperature"] for row in rows):
+        ratios = [row["ours_baseline_tok_s"] / row["hf_generate_tok_s"] for row in rows if row["temperature"] == temperature]
+        lines.append(f"Baseline vs `generate()` at temperature {temperature}: mean {statistics.mean(ratios):.3f} over "
+                     f"{len(ratios)} interleaved measurements (min {min(ratios):.2f}, max {max(ratios):.2f}).")
+    return "\n".join(lines)
+
+
 def time_forward(cache: KVCache, tokens: torch.Tensor, clock: Clock, repeats: int) -> float:
     """Median seconds of one forward of ``tokens`` [B, n] on top of the cache, rolled back after each."""
     times = []
@@ -327,7 +338,9 @@ def main(argv=None) -> None:
     if not args.skip_comparison:
         with torch.no_grad():
             rows = comparison_table(pair, ks, args.temperatures, args.max_new_tokens, clock)
-        sections.append("## Ours vs transformers (tokens/s, batch 1)\n\n" + markdown(rows))
+        summary = baseline_summary(rows)
+        sections.append("## Ours vs transformers (tokens/s, batch 1)\n\n" + markdown(rows) + "\n\n" + summary)
+        print(summary, flush=True)
     with torch.no_grad():
         scaling = batch_scaling(pair, 4, args.batch_sizes, args.max_new_tokens, clock, args.batch_rounds)
     sections.append("## Batch scaling (greedy, k = 4, EOS ignored; the same prompts at every batch size)\n\n"

@@ -46,6 +46,16 @@ def test_comparison_runs_all_four_methods_and_finds_identical_greedy_tokens():
     assert {"ours_baseline_tok_s", "ours_speculative_tok_s", "hf_generate_tok_s", "hf_assisted_tok_s"} <= set(row)
 
 
+def test_baseline_summary_averages_each_temperatures_rows():
+    rows = [{"temperature": 0.0, "ours_baseline_tok_s": 99.0, "hf_generate_tok_s": 100.0},
+            {"temperature": 0.0, "ours_baseline_tok_s": 103.0, "hf_generate_tok_s": 100.0},
+            {"temperature": 1.0, "ours_baseline_tok_s": 90.0, "hf_generate_tok_s": 100.0}]
+    assert bench.baseline_summary(rows).splitlines() == [
+        "Baseline vs `generate()` at temperature 0.0: mean 1.010 over 2 interleaved measurements (min 0.99, max 1.03).",
+        "Baseline vs `generate()` at temperature 1.0: mean 0.900 over 1 interleaved measurements (min 0.90, max 0.90).",
+    ]
+
+
 def test_batch_scaling_decodes_the_same_rows_at_every_batch_size(monkeypatch):
     pair = tiny_pair()
     calls = []
