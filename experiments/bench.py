@@ -247,10 +247,11 @@ def batch_scaling(pair: Pair, k: int, batch_sizes: list[int], max_new_tokens: in
     """Speculative and baseline tokens/s per batch size (greedy), interleaved, after a warm-up of each.
 
     Every batch size decodes the same work: the first max(batch_sizes) prompts (cycled), split into batches of
-    that size, ``rounds`` times over (one batch of 16 is a single measurement otherwise). EOS is ignored so that every row emits max_new_tokens: rows that stop after a token or two would
-    leave a batch part-empty, and the table would measure the prompts instead of the loop. Rows still finish at
-    different steps (those that accept more drafts sooner); ``spec_live_rows`` is the share of row-steps in which
-    a row was still generating.
+    that size, ``rounds`` times over (one batch of 16 is a single measurement otherwise). EOS is ignored so that
+    every row emits max_new_tokens: rows that stop after a token or two would shrink the batch at once, and the
+    table would measure the prompts instead of the batch size. Rows still finish at different steps (those that
+    accept more drafts sooner) and leave the batch; ``spec_live_rows`` is the share of the full batch's row-steps
+    in which a row was still generating.
     """
     work = [pair.prompts[i % len(pair.prompts)] for i in range(max(batch_sizes))]
     rows = []

@@ -104,6 +104,14 @@ class KVCache:
         if not self.static and self.num_slots >= self.next_hole_check:
             self.compact_if_mostly_holes()
 
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep only the batch rows ``index`` [B'] (rows that finished leave the batch). Dynamic layout only: the
+        static one keeps its tensors, addresses and batch size."""
+        if self.static:
+            raise ValueError(f"the {self.label} static cache keeps its batch rows; use the dynamic layout")
+        self.past.batch_select_indices(index)
+        self.mask = self.mask[index]
+
     def compact_if_mostly_holes(self) -> None:
         """Compact when holes outnumber the fullest row's committed slots (a host sync every ~S/2 slots)."""
         if self.num_slots > 2 * int(self.mask.sum(-1).max()):

@@ -5,7 +5,8 @@ forward pass; the acceptance strategy keeps n of them and picks the next token; 
 and the draft cache (owned by the drafter) roll back to the kept prefix. With ``NoDrafter`` k is always 0 and the
 step is a plain decode step, so baseline and speculative runs share every cost but speculation.
 
-One host sync per step: a handful of scalars that decide termination, rollback lengths and the next k.
+One host sync per step: a handful of scalars that decide termination, rollback lengths and the next k. When rows
+of a batch finish, they leave it (``retire_finished``): the forwards then run over the rows still generating.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class Clock:
 
 
 class RowCounters:
-    """Per-row statistics accumulated on the device, read once at the end."""
+    """Per-row statistics accumulated on the device, read once at the end. Rows are the call's original rows;
+    ``add`` takes the step's rows as ``rows`` [B'] indices into them."""
 
     def __init__(self, batch_size: int, k_max: int, device: torch.device):
         zeros = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=device)  # noqa: E731
@@ -80,17 +82,19 @@ class RowCounters:
         self.overlap_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.overlap_count = zeros(())
 
-    def add(self, k: int, num_accepted: torch.Tensor, live: torch.Tensor, overlap: torch.Tensor | None) -> None:
-        """Count one step of the ``live`` [B] (1/0) rows; ``overlap`` [B, k] is sum_x min(q, p) per draft position."""
-        self.target_calls += live
+    def add(
+        self, rows: torch.Tensor, k: int, num_accepted: torch.Tensor, live: torch.Tensor, overlap: torch.Tensor | None
+    ) -> None:
+        """Count one step of the ``live`` [B'] (1/0) rows; ``overlap`` [B', k] is sum_x min(q, p) per draft position."""
+        self.target_calls.index_add_(0, rows, live)
         if k == 0:
             return
-        self.drafted += k * live
-        self.accepted += num_accepted * live
+        self.drafted.index_add_(0, rows, k * live)
+        self.accepted.index_add_(0, rows, num_accepted * live)
         position = torch.arange(k, device=live.device)  # [k]
-        attempted = (num_accepted.unsqueeze(1) >= position) * live.unsqueeze(1)  # [B, k]
-        self.position_attempts[:, :k] += attempted
-        self.position_accepts[:, :k] += (num_accepted.unsqueeze(1) > position) * live.unsqueeze(1)
+        attempted = (num_accepted.unsqueeze(1) >= position) * live.unsqueeze(1)  # [B', k]
+        self.position_attempts[:, :k].index_add_(0, rows, attempted)
+        self.position_accepts[:, :k].index_add_(0, rows, (num_accepted.unsqueeze(1) > position) * live.unsqueeze(1))
         if overlap is not None:
             self.overlap_sum += (overlap * attempted).sum()
             self.overlap_count += attempted.sum()
@@ -119,16 +123,23 @@ class Decoder:
         sampling: SamplingConfig | None = None,
         time_phases: bool = True,
         cache_layout: str = "dynamic",
+        retire_finished_rows: bool = True,
     ):
         """``time_phases=False`` skips the device syncs that split each step's time into draft / target / other
         (they cost a little on GPU); those timings and the cost ratio are then NaN. ``cache_layout`` is the
-        target cache's: "dynamic" (grows) or "static" (preallocated, fixed addresses for CUDA graphs)."""
+        target cache's: "dynamic" (grows) or "static" (preallocated, fixed addresses for CUDA graphs).
+        ``retire_finished_rows``: rows that finish leave the batch, so later forwards skip them (dynamic layout
+        and a drafter with ``selects_rows``). Greedy outputs do not change; sampled ones do, since the random
+        stream follows the batch's shape (each is still exact)."""
         if cache_layout not in CACHE_LAYOUTS:
             raise ValueError(f"unknown cache layout {cache_layout!r}; known layouts: {', '.join(CACHE_LAYOUTS)}")
         self.target = target
         self.time_phases = time_phases
         self.cache_layout = cache_layout
         self.drafter = drafter if drafter is not None else NoDrafter()
+        self.retires_rows = (
+            retire_finished_rows and cache_layout == "dynamic" and getattr(self.drafter, "selects_rows", False)
+        )
         self.speculates = not isinstance(self.drafter, NoDrafter)
         self.strategy = strategy if strategy is not None else Speculative()
         self.draft_length = draft_length if draft_length is not None else FixedLength()
@@ -180,7 +191,10 @@ class DecodeRun:
         self.limit = decoder.context_limit if decoder.context_limit is not None else 2**62
         self.room = self.limit - attention_mask.sum(-1)  # [B] positions left in each row's context at the start
         self.allowance = self.room.clamp(max=max_new_tokens)  # [B] tokens each row may emit in all
+        # Results by original row; the per-row state below covers only the rows still in the batch, ``rows``.
         self.output = torch.zeros(batch_size, max_new_tokens + self.k_max + 1, dtype=torch.long, device=device)
+        self.final_emitted = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
+        self.rows = torch.arange(batch_size, device=device)  # [B'] original row of each row in the batch
         self.emitted = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
         self.active = torch.ones(batch_size, dtype=torch.bool, device=device)  # [B]
         self.live = self.active.long()  # [B] the same as 1/0, the form masks and counters take
@@ -245,7 +259,7 @@ class DecodeRun:
         target_logits = self.target_cache.forward(verify_ids, verify_mask)  # [B, k+1, V]
         t2 = self.phase_clock()
         verdict, overlap, target_usable = self.judge(proposal, target_logits)
-        self.counters.add(k, verdict.num_accepted, self.live, overlap)
+        self.counters.add(self.rows, k, verdict.num_accepted, self.live, overlap)
 
         new_tokens = verdict.next_token.unsqueeze(1)  # [B, k+1]: the kept drafts, then the next token
         if k:
@@ -253,7 +267,7 @@ class DecodeRun:
             new_tokens.scatter_(1, verdict.num_accepted.unsqueeze(1), verdict.next_token.unsqueeze(1))
         num_new, reached_eos = self.count_new(new_tokens, verdict.num_accepted)
         slots = self.emitted.unsqueeze(1) + self.slot_offsets[: k + 1]  # [B, k+1]
-        self.output.scatter_(1, slots, new_tokens)  # slots past num_new are overwritten later or never read
+        self.output.index_put_((self.rows.unsqueeze(1), slots), new_tokens)  # slots past num_new: rewritten or unread
         active_during_step = self.active
         self.emitted = self.emitted + num_new
         self.active = self.active & (self.allowance > self.emitted)
@@ -261,7 +275,7 @@ class DecodeRun:
             self.active &= ~reached_eos
         self.live = self.active.long()
 
-        scalars = [*self.bounds(), target_usable.long()]
+        scalars = [*self.bounds(), target_usable.long(), self.active.sum()]
         if k:
             idle = ~active_during_step  # [B] rows that fed only holes: their verdicts mean nothing
             scalars += [
@@ -272,8 +286,8 @@ class DecodeRun:
                 num_new.min(),
             ]
         host = torch.stack(scalars).tolist()  # the step's one host sync
-        remaining_max, room_min, target_ok = host[:3]
-        max_accepted, min_accepted, drafts_ok, max_new, min_new = host[3:] if k else (0, 0, True, 1, 1)
+        remaining_max, room_min, target_ok, num_live = host[:4]
+        max_accepted, min_accepted, drafts_ok, max_new, min_new = host[4:] if k else (0, 0, True, 1, 1)
         if not drafts_ok:
             raise NonFiniteLogitsError("the draft model produced NaN/inf logits; refusing to emit tokens from them")
         if not target_ok:
@@ -299,8 +313,23 @@ class DecodeRun:
         decoder.drafter.commit(outcome)
         t4 = self.phase_clock()
         decoder.draft_length.observe(outcome)
+        if self.decoder.retires_rows and 0 < num_live < len(self.rows):
+            self.retire_finished()
         self.record_times(draft=(t1 - t0) + (t4 - t3), target=t2 - t1)
         return remaining_max, room_min
+
+    def retire_finished(self) -> None:
+        """Drop the rows that finished from the batch: from the per-row state here, the target cache and the
+        drafter, each by its owner. Results stay in place, indexed by original row. (``nonzero`` syncs, but only
+        after the step's sync, in the few steps where rows finish.)"""
+        keep = self.active.nonzero().squeeze(1)  # [B'']
+        self.final_emitted.index_copy_(0, self.rows, self.emitted)
+        self.rows = self.rows[keep]
+        for name in ("emitted", "active", "live", "allowance", "room", "pending", "no_drafts_accepted"):
+            setattr(self, name, getattr(self, name)[keep])
+        self.no_proposal = Proposal(self.no_proposal.tokens[keep], None)
+        self.target_cache.select_rows(keep)
+        self.decoder.drafter.select_rows(keep)
 
     def propose(self, k: int) -> Proposal:
         """Ask the drafter for up to k tokens, letting the policy stop the draft early if it has ``should_stop``."""
@@ -342,7 +371,9 @@ class DecodeRun:
         verdict = self.decoder.strategy(proposal.tokens, draft_probs, target_probs, self.generator)
         return verdict, overlap, usable(target_logits)
 
-    def count_new(self, new_tokens: torch.Tensor, num_accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def count_new(
+        self, new_tokens: torch.Tensor, num_accepted: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[B] tokens each row emits this step (kept drafts + 1, cut at EOS and the budget) and [B] EOS reached
         (None without EOS ids)."""
         num_new = torch.minimum(num_accepted + 1, self.budgets())  # [B], 0 for finished rows
@@ -361,15 +392,16 @@ class DecodeRun:
         self.target_forwards += 1
 
     def finish(self, wall: float, ttft: float) -> GenerationOutput:
+        self.final_emitted.index_copy_(0, self.rows, self.emitted)
         rows = self.output.tolist()
-        counts = self.emitted.tolist()
+        counts = self.final_emitted.tolist()
         tokens = [row[:count] for row, count in zip(rows, counts)]
         overlap_sum, overlap_count = self.counters.overlap_sum.item(), int(self.counters.overlap_count.item())
         if not self.decoder.time_phases:
             self.draft_seconds = self.target_seconds = math.nan
             self.draft_step_seconds = self.target_step_seconds = math.nan
         stats = DecodeStats(
-            rows=self.counters.rows(self.emitted),
+            rows=self.counters.rows(self.final_emitted),
             draft_forwards=self.decoder.drafter.num_forwards,
             target_forwards=self.target_forwards,
             draft_seconds=self.draft_seconds,

@@ -4,6 +4,9 @@ Interface (duck-typed, see ``Drafter``): ``start`` sees the prompt, ``propose(k,
 tokens (and their distributions where it has them), ``commit(outcome)`` learns what was kept. A drafter that
 holds a KV cache owns it and rolls it back in ``commit``, its one place to do so.
 
+A drafter with ``selects_rows = True`` also has ``select_rows(index [B'])``, which keeps only those batch rows: the
+loop then drops rows that finished from the batch. Without it, finished rows stay in the batch and feed holes.
+
 ``propose`` takes an optional ``stop(draft_probs [B, V]) -> bool``, asked after each drafted token but the last
 with that token's softmax(draft logits) (before sampling settings); when it says True the drafter returns the
 tokens so far, so a proposal may hold fewer than k tokens (at least one). Drafters without distributions may
@@ -49,6 +52,7 @@ class ModelDrafter:
         self.model = model
         self.label = label
         self.cache_layout = cache_layout
+        self.selects_rows = cache_layout == "dynamic"  # a static cache keeps its batch rows
         self.num_forwards = 0
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
@@ -87,6 +91,11 @@ class ModelDrafter:
         self.proposed = torch.stack(tokens, 1)  # [B, k]
         return Proposal(self.proposed, torch.stack(probs, 1) if probs else None, finite)
 
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep only the batch rows ``index`` [B']."""
+        self.cache.select_rows(index)
+        self.unfed, self.unfed_mask, self.live = self.unfed[index], self.unfed_mask[index], self.live[index]
+
     def commit(self, outcome: StepOutcome) -> None:
         """Roll the cache back to the kept drafts and queue the tokens it has not seen."""
         k, next_token = outcome.k, outcome.next_token.unsqueeze(1)  # [B, 1]
@@ -111,6 +120,7 @@ class NoDrafter:
 
     name = "none"
     num_forwards = 0
+    selects_rows = True
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
         """No state."""
@@ -119,6 +129,9 @@ class NoDrafter:
         self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None = None
     ) -> Proposal:
         raise RuntimeError("NoDrafter proposes nothing; the loop must ask it for k = 0 only")
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """No state."""
 
     def commit(self, outcome: StepOutcome) -> None:
         """No state."""

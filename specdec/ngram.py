@@ -38,6 +38,7 @@ class NGramDrafter:
 
     name = "ngram"
     num_forwards = 0  # no model, so no draft forwards
+    selects_rows = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram = check_draft_length("max_ngram", max_ngram)
@@ -54,6 +55,10 @@ class NGramDrafter:
         self.history = torch.zeros(batch_size, 2 * width + 64, dtype=torch.long, device=input_ids.device)
         self.history[:, :width] = input_ids.gather(1, source)  # [B, T] left-aligned
         self.max_length = width  # host upper bound on lengths.max(): slices the search without a sync
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep only the batch rows ``index`` [B']."""
+        self.history, self.lengths = self.history[index], self.lengths[index]
 
     def match(self) -> tuple[torch.Tensor, torch.Tensor]:
         """[B] start of the chosen match (-1: none) and [B] its n (0: none)."""

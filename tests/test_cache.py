@@ -56,8 +56,9 @@ def test_static_cache_compacts_when_full_and_matches_dynamic(target, draft, monk
     ids, mask = left_pad(prompts)
     runs = {
         layout: specdec.Decoder(target, specdec.ModelDrafter(draft, cache_layout=layout), specdec.Speculative(),
-                                specdec.FixedLength(5), specdec.SamplingConfig(temperature=1.0),
-                                cache_layout=layout).generate(ids, mask, max_new_tokens=40, seed=3)
+                                specdec.FixedLength(5), specdec.SamplingConfig(temperature=1.0), cache_layout=layout,
+                                retire_finished_rows=False,  # the static layout keeps rows: same batch, same stream
+                                ).generate(ids, mask, max_new_tokens=40, seed=3)
         for layout in ("dynamic", "static")
     }
     assert runs["static"].tokens == runs["dynamic"].tokens
@@ -91,3 +92,35 @@ def test_prefill_fills_the_cache_as_a_full_forward_does(target, wrap):
     nxt = torch.tensor([[5], [6]])
     torch.testing.assert_close(prefilled.forward(nxt, torch.ones_like(nxt)), full.forward(nxt, torch.ones_like(nxt)),
                                rtol=0, atol=1e-12)
+
+
+DRAFTERS = {
+    "none": lambda target, draft: None,
+    "model": lambda target, draft: specdec.ModelDrafter(draft),
+    "ngram": lambda target, draft: specdec.NGramDrafter(max_ngram=2),
+    "early_exit": lambda target, draft: specdec.EarlyExitDrafter(target, 1),
+}
+
+
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+def test_finished_rows_leave_the_batch_and_greedy_results_stay_the_same(target, draft, drafter):
+    prompts = random_prompts([3, 9, 6, 4], seed=31)
+    ids, mask = left_pad(prompts)
+    eos = hf_greedy(target, prompts[0], 5)[-1]  # row 0 stops within five tokens; the others run on
+    widths = []
+    hook = target.register_forward_pre_hook(lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[0]),
+                                            with_kwargs=True)
+    try:
+        runs = {}
+        for retire in (True, False):
+            widths.clear()
+            decoder = specdec.Decoder(target, DRAFTERS[drafter](target, draft), draft_length=specdec.FixedLength(3),
+                                      retire_finished_rows=retire)
+            runs[retire] = (decoder.generate(ids, mask, max_new_tokens=24, eos_token_id=eos), list(widths))
+    finally:
+        hook.remove()
+    (retired, retired_widths), (kept, kept_widths) = runs[True], runs[False]
+    assert retired.tokens == kept.tokens and retired.stats.rows == kept.stats.rows
+    assert len(retired.tokens[0]) <= 5 < max(map(len, retired.tokens))
+    assert set(kept_widths) == {4}
+    assert retired_widths == sorted(retired_widths, reverse=True) and retired_widths[-1] < 4
