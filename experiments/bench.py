@@ -141,7 +141,7 @@ def left_pad(batch: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor
     return ids, mask
 
 
-def run_interleaved(pair: Pair, methods: dict, prompts, max_new_tokens: int, clock: Clock) -> dict[str, Tally]:
+def run_interleaved(pair: Pair, methods: dict, prompts, max_new_tokens: int, clock: Clock) -> dict:
     """Run every method on every prompt, rotating the order per prompt; one warm-up round first."""
     tallies = {name: Tally() for name in methods}
     names = list(methods)
@@ -244,27 +244,39 @@ def predicted_table(profile: dict, ks: list[int]) -> list[dict]:
 
 def batch_scaling(pair: Pair, k: int, batch_sizes: list[int], max_new_tokens: int, clock: Clock,
                   rounds: int = 1) -> list[dict]:
-    """Speculative and baseline tokens/s per batch size (greedy), interleaved, after a warm-up of each.
+    """Speculative and baseline tokens/s per batch size (greedy), every size and method interleaved per round
+    (a shared machine's speed drifts, and sizes measured one after another would drift apart), after a warm-up.
 
     Every batch size decodes the same work: the first max(batch_sizes) prompts (cycled), split into batches of
-    that size, ``rounds`` times over (one batch of 16 is a single measurement otherwise). EOS is ignored so that
-    every row emits max_new_tokens: rows that stop after a token or two would shrink the batch at once, and the
-    table would measure the prompts instead of the batch size. Rows still finish at different steps (those that
-    accept more drafts sooner) and leave the batch; ``spec_live_rows`` is the share of the full batch's row-steps
-    in which a row was still generating.
+    that size, once per round. EOS is ignored so that every row emits max_new_tokens: rows that stop after a token
+    or two would shrink the batch at once, and the table would measure the prompts instead of the batch size. Rows
+    still finish at different steps (those that accept more drafts sooner) and leave the batch; ``spec_live_rows``
+    is the share of the full batch's row-steps in which a row was still generating.
     """
     work = [pair.prompts[i % len(pair.prompts)] for i in range(max(batch_sizes))]
+    spec_stats = {size: [] for size in batch_sizes}  # greedy, so the warm-up's stats equal the timed ones
+
+    def decode_work(size: int, draft_length: int | None, stats: list | None):
+        def run(_, seed: int) -> list[list[int]]:
+            tokens = []
+            for start in range(0, len(work), size):
+                tokens += ours(pair, draft_length, 0.0, max_new_tokens, work[start : start + size], seed,
+                               stop_at_eos=False, stats=stats)
+            return tokens
+        return run
+
+    methods = {}
+    for size in batch_sizes:
+        methods[("spec", size)] = decode_work(size, k, spec_stats[size])
+        methods[("baseline", size)] = decode_work(size, None, None)
+    tallies = run_interleaved(pair, methods, [None] * rounds, max_new_tokens, clock)
     rows = []
     for size in batch_sizes:
-        batches = [work[start : start + size] for start in range(0, len(work), size)] * rounds
-        spec_stats = []
-        methods = {"spec": lambda b, i: ours(pair, k, 0.0, max_new_tokens, b, i, stop_at_eos=False, stats=spec_stats),
-                   "baseline": lambda b, i: ours(pair, None, 0.0, max_new_tokens, b, i, stop_at_eos=False)}
-        tallies = run_interleaved(pair, methods, batches, max_new_tokens, clock)
-        timed = spec_stats[1:]  # after the warm-up call
-        live = sum(s.target_calls for s in timed) / sum(len(s.rows) * s.target_forwards for s in timed)
-        rows.append({"batch": size, **{f"{name}_tok_s": t.tokens_per_s for name, t in tallies.items()},
-                     "spec_overhead": round(tallies["spec"].overhead, 3), "spec_live_rows": round(live, 2)})
+        stats = spec_stats[size]
+        live = sum(s.target_calls for s in stats) / sum(len(s.rows) * s.target_forwards for s in stats)
+        rows.append({"batch": size, "spec_tok_s": tallies[("spec", size)].tokens_per_s,
+                     "baseline_tok_s": tallies[("baseline", size)].tokens_per_s,
+                     "spec_overhead": round(tallies[("spec", size)].overhead, 3), "spec_live_rows": round(live, 2)})
     for row in rows:
         for name in ("spec", "baseline"):
             row[f"{name}_vs_batch_1"] = round(row[f"{name}_tok_s"] / rows[0][f"{name}_tok_s"], 2)
