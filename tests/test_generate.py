@@ -44,8 +44,9 @@ def test_same_seed_same_output_and_seeds_differ(target, draft):
     assert run(7) != run(8)
 
 
-def test_each_row_of_a_batch_equals_the_row_alone_when_sampling_with_draft_equal_target(target):
-    """With draft == target every draft is accepted, so even sampled rows only depend on their own prompt."""
+def test_each_row_of_a_batch_equals_the_row_alone_with_draft_equal_target(target):
+    """With draft == target every draft is accepted (the bonus-token path, every step); at temperature 0 each row
+    then depends only on its own prompt, whatever else is in the batch and whenever rows leave it."""
     prompts = random_prompts([3, 7, 5], seed=3)
     ids, mask = left_pad(prompts)
     batched = specdec.generate(target, ids, draft=target, attention_mask=mask, k=3, max_new_tokens=16)
