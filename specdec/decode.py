@@ -40,7 +40,7 @@ class StepOutcome:
     new_tokens: torch.Tensor  # [B, k+1] kept drafts then next_token; only the first num_new are real
     num_new: torch.Tensor  # [B] tokens emitted this step (0 for rows already finished)
     active: torch.Tensor  # [B] bool, rows still generating during this step
-    active_after: torch.Tensor  # [B] bool, rows still generating after it (finished rows feed only holes)
+    active_after: torch.Tensor  # [B] bool, rows still generating after it (the others leave the batch or feed holes)
     max_accepted: int  # host copies over active rows
     min_accepted: int
     draft_seconds: float
@@ -313,7 +313,7 @@ class DecodeRun:
         decoder.drafter.commit(outcome)
         t4 = self.phase_clock()
         decoder.draft_length.observe(outcome)
-        if self.decoder.retires_rows and 0 < num_live < len(self.rows):
+        if decoder.retires_rows and 0 < num_live < len(self.rows):
             self.retire_finished()
         self.record_times(draft=(t1 - t0) + (t4 - t3), target=t2 - t1)
         return remaining_max, room_min
