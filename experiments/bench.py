@@ -292,10 +292,9 @@ def markdown(rows: list[dict]) -> str:
 
 
 def positive_int(text: str) -> int:
-    value = int(text) if text.strip().lstrip("-").isdigit() else None
-    if value is None or value < 1:
+    if not text.strip().isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
+    return int(text)
 
 
 def positive_ints(text: str) -> list[int]:
@@ -306,8 +305,8 @@ def temperatures(text: str) -> list[float]:
     try:
         values = [float(part) for part in text.split(",")]
     except ValueError:
-        values = [-1.0]
-    if not all(value >= 0 for value in values):
+        values = None
+    if values is None or not all(value >= 0 for value in values):
         raise argparse.ArgumentTypeError(f"expected comma-separated temperatures >= 0 (0 is greedy), got {text!r}")
     return values
 
@@ -335,7 +334,6 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    ks = args.ks
     pair = load_bench_pair(args.pair, args.prompts, args.device, args.dtype)
     clock = Clock(pair.target.device)
     device = f"{pair.target.device} {next(pair.target.parameters()).dtype}, torch threads {torch.get_num_threads()}"
@@ -346,11 +344,11 @@ def main(argv=None) -> None:
     print(sections[-1], flush=True)
     if not pair.meaningful_acceptance:
         sections.append("## Predicted speedup (random weights, so predicted only; measured c and verify costs)\n\n"
-                        + markdown(predicted_table(profile, ks)))
+                        + markdown(predicted_table(profile, args.ks)))
         print(sections[-1], flush=True)
     if not args.skip_comparison:
         with torch.no_grad():
-            rows = comparison_table(pair, ks, args.temperatures, args.max_new_tokens, clock)
+            rows = comparison_table(pair, args.ks, args.temperatures, args.max_new_tokens, clock)
         summary = baseline_summary(rows)
         sections.append("## Ours vs transformers (tokens/s, batch 1)\n\n" + markdown(rows) + "\n\n" + summary)
         print(summary, flush=True)
