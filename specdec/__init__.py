@@ -16,7 +16,7 @@ from specdec.prompts import Prompt, load_prompts
 from specdec.policies import ConfidenceLength, CostOptimalLength, DraftLengthPolicy, FixedLength, HeuristicLength
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.stats import DecodeStats, RowStats, predicted_speedup
-from specdec.strategies import STRATEGIES, Greedy, Speculative, TopK, Typical, make_strategy
+from specdec.strategies import STRATEGIES, Greedy, Speculative, SyntheticAcceptance, TopK, Typical, make_strategy
 from specdec.types import Proposal, Verdict
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "Speculative",
     "TopK",
     "Typical",
+    "SyntheticAcceptance",
     "make_strategy",
     "Proposal",
     "Verdict",

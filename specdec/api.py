@@ -28,6 +28,7 @@ def generate(
     min_p: float | None = None,
     draft_length: DraftLengthPolicy | None = None,
     cache_layout: str = "dynamic",
+    compile: bool = False,
 ) -> GenerationOutput:
     """Generate up to ``max_new_tokens`` per row with ``target``, drafted by ``draft`` (None: autoregressive).
 
@@ -35,21 +36,24 @@ def generate(
     ``input_ids`` [B, T] may be left-padded, with ``attention_mask`` zeros on the padding. Temperature 0 is
     greedy. ``draft_length`` overrides the fixed ``k`` with a policy. Randomness comes only from ``seed``.
     ``cache_layout="static"`` preallocates both KV caches (fixed addresses, for CUDA graphs / compile).
+    ``compile=True`` compiles both models' decode forwards over static caches (CUDA graphs on CUDA); it pays
+    only across many calls, so build a ``Decoder`` once and reuse it rather than calling this in a loop.
     """
     sampling = SamplingConfig(temperature, top_k, top_p, min_p)
     acceptance = make_strategy(strategy)
     policy = draft_length if draft_length is not None else FixedLength(k)
     check_model("target", target)
-    drafter = as_drafter(draft, target, cache_layout)
+    drafter = as_drafter(draft, target, cache_layout, compile)
     check_device("input_ids", input_ids, target)
     if attention_mask is not None:
         check_device("attention_mask", attention_mask, target)
-    decoder = Decoder(target, drafter, acceptance, policy, sampling, cache_layout=cache_layout)
+    decoder = Decoder(target, drafter, acceptance, policy, sampling, cache_layout=cache_layout, compile=compile)
     return decoder.generate(input_ids, attention_mask, max_new_tokens, eos_token_id, seed)
 
 
 def as_drafter(
-    draft: torch.nn.Module | Drafter | None, target: torch.nn.Module, cache_layout: str = "dynamic"
+    draft: torch.nn.Module | Drafter | None, target: torch.nn.Module, cache_layout: str = "dynamic",
+    compile: bool = False,
 ) -> Drafter | None:
     """A causal LM becomes a ``ModelDrafter`` after checking it can draft for ``target``."""
     if draft is None or not isinstance(draft, torch.nn.Module):
@@ -65,7 +69,7 @@ def as_drafter(
     draft_device, target_device = model_device(draft), model_device(target)
     if draft_device != target_device:
         raise ValueError(f"draft is on {draft_device} but target on {target_device}; put both on one device")
-    return ModelDrafter(draft, cache_layout=cache_layout)
+    return ModelDrafter(draft, cache_layout=cache_layout, compile=compile)
 
 
 def check_model(role: str, model: object) -> None:

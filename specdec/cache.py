@@ -8,7 +8,12 @@ holes outnumber the committed slots of the fullest row, ``compact`` gathers ever
 
 Two layouts, same behaviour: ``dynamic`` (a ``DynamicCache`` that grows by concatenation) and ``static`` (a
 preallocated ``StaticCache`` written in place, whose tensors keep their addresses, for CUDA graphs / compile;
-rollback moves its write pointer back).
+rollback moves its write pointer back). A static cache that runs out of room even after compaction is
+reallocated with twice the room it needs (rare: owners keep their static caches across calls, see ``reuse``).
+
+``compile=True`` (static layout) runs the model's forward through ``torch.compile``: CUDA graphs
+(``reduce-overhead``) on CUDA, inductor's default mode elsewhere. Shapes are fixed per k: the forward sees
+[B, n] tokens over a [B, capacity] mask. Prefill, whose width varies with every prompt, stays eager.
 """
 
 from __future__ import annotations
@@ -18,6 +23,20 @@ from transformers import DynamicCache, StaticCache
 
 CACHE_LAYOUTS = ("dynamic", "static")
 STATIC_CACHE_SLACK = 64  # spare static slots, so compaction is rare
+STATIC_CAPACITY_STEP = 256  # static capacities are multiples of this, so nearby needs share one compiled shape
+COMPILED_FORWARDS: dict[int, tuple[torch.nn.Module, object]] = {}  # id(model) -> (model, its compiled forward)
+
+
+def compiled_forward(model: torch.nn.Module):
+    """The model's forward compiled once per process (CUDA graphs on CUDA), shared by every cache that runs it."""
+    if id(model) not in COMPILED_FORWARDS:
+        cuda = next(model.parameters()).device.type == "cuda"
+        COMPILED_FORWARDS[id(model)] = (model, torch.compile(model, mode="reduce-overhead" if cuda else "default"))
+    return COMPILED_FORWARDS[id(model)][1]
+
+
+def round_up_capacity(slots: int) -> int:
+    return -(-slots // STATIC_CAPACITY_STEP) * STATIC_CAPACITY_STEP
 
 
 class KVCache:
@@ -31,14 +50,21 @@ class KVCache:
         label: str,
         layout: str = "dynamic",
         capacity: int | None = None,
+        compile: bool = False,
     ):
-        """``capacity`` (static layout only) is the number of slots to preallocate."""
+        """``capacity`` (static layout only) is the number of slots to preallocate, rounded up; ``compile`` (static
+        layout only) runs forwards through ``compiled_forward``."""
         if layout not in CACHE_LAYOUTS:
             raise ValueError(f"unknown cache layout {layout!r}; known layouts: {', '.join(CACHE_LAYOUTS)}")
+        if compile and layout != "static":
+            raise ValueError(f"a compiled forward needs the static cache layout, got layout {layout!r}")
         self.model = model
         self.label = label  # names the model in errors
         self.static = layout == "static"
+        self.run_model = compiled_forward(model) if compile else model  # what ``forward`` calls
+        self.marks_cuda_graph_steps = compile and input_device_is_cuda(device)
         if self.static:
+            capacity = round_up_capacity(capacity)
             self.past = StaticCache(config=model.config, max_cache_len=capacity)
             self.capacity = capacity
         else:
@@ -58,9 +84,24 @@ class KVCache:
     def forward(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> torch.Tensor:
         """Feed [B, n] tokens (input_mask 0 marks holes) and return their [B, n, V] logits.
 
-        The new slots count as committed until ``keep`` says otherwise.
+        The new slots count as committed until ``keep`` says otherwise. Under CUDA graphs the logits live in the
+        graph's output buffer: use them before this cache's next forward.
         """
-        return self.feed(self.model, input_ids, input_mask).logits
+        if self.marks_cuda_graph_steps:
+            torch.compiler.cudagraph_mark_step_begin()  # earlier outputs of this graph may now be overwritten
+        return self.feed(self.run_model, input_ids, input_mask).logits
+
+    def reuse(self, batch_size: int, capacity: int) -> bool:
+        """Empty this static cache for a new call of ``batch_size`` rows needing ``capacity`` slots, if it fits;
+        its tensors keep their addresses, so compiled CUDA graphs replay on them. False if it does not fit."""
+        if not self.static or self.mask.shape[0] != batch_size or self.capacity < capacity:
+            return False
+        self.mask.zero_()
+        self.num_slots = 0
+        for layer in self.past.layers:
+            if layer.is_initialized:
+                layer.cumulative_length.zero_()
+        return True
 
     def feed(self, module: torch.nn.Module, input_ids: torch.Tensor, input_mask: torch.Tensor):
         """Run ``module`` (the model or its body) on [B, n] tokens over the cache; returns its output."""
@@ -68,7 +109,7 @@ class KVCache:
         if self.static and self.num_slots + n > self.capacity:
             self.compact()
             if self.num_slots + n > self.capacity:
-                raise ValueError(f"the {self.label} static cache of {self.capacity} slots cannot take {n} more")
+                self.grow(2 * (self.num_slots + n))
         positions = self.mask.sum(-1, keepdim=True) + input_mask.cumsum(-1) - 1  # [B, n]
         if self.static:  # told where to write; a dynamic cache appends
             slots = torch.arange(self.num_slots, self.num_slots + n, device=input_ids.device)  # [n]
@@ -130,6 +171,20 @@ class KVCache:
             self.past.crop(-num_slots)  # transformers 5.x: a negative count of slots to remove
             self.mask = self.mask[:, : self.num_slots]
 
+    def grow(self, capacity: int) -> None:
+        """Reallocate the static cache with ``capacity`` slots (rounded up), keeping the slots written so far."""
+        capacity = round_up_capacity(capacity)
+        past = StaticCache(config=self.model.config, max_cache_len=capacity)
+        for old, new in zip(self.past.layers, past.layers):
+            if old.is_initialized:
+                new.lazy_initialization(old.keys, old.values)
+                new.keys[:, :, : self.num_slots] = old.keys[:, :, : self.num_slots]
+                new.values[:, :, : self.num_slots] = old.values[:, :, : self.num_slots]
+                new.cumulative_length.fill_(self.num_slots)
+        grown = torch.zeros(self.mask.shape[0], capacity, dtype=self.mask.dtype, device=self.mask.device)
+        grown[:, : self.capacity] = self.mask
+        self.past, self.mask, self.capacity = past, grown, capacity
+
     def compact(self) -> None:
         """Gather each row's committed slots, in order, to the end of the first ``max committed`` slots."""
         committed = self.mask[:, : self.num_slots].bool()  # [B, S]
@@ -166,10 +221,11 @@ def context_limit(model: torch.nn.Module) -> int | None:
     return None
 
 
-def static_capacity(model: torch.nn.Module, prompt_width: int) -> int:
-    """Slots to preallocate: the context limit, plus room for the prompt's padding and one step's rejected drafts
-    before ``KVCache.compact`` has to run."""
-    limit = context_limit(model)
-    if limit is None:
-        raise ValueError(f"a static cache needs a context limit; {type(model).__name__}'s config gives none")
-    return limit + prompt_width + STATIC_CACHE_SLACK
+def static_capacity(prompt_width: int, new_tokens: int) -> int:
+    """Slots to preallocate: the prompt (with its padding), the tokens to come, and slack for rejected drafts
+    before ``KVCache.compact`` has to run. A cache that still runs out grows (``KVCache.grow``)."""
+    return prompt_width + new_tokens + STATIC_CACHE_SLACK
+
+
+def input_device_is_cuda(device: torch.device | str) -> bool:
+    return torch.device(device).type == "cuda"

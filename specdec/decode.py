@@ -124,18 +124,26 @@ class Decoder:
         time_phases: bool = True,
         cache_layout: str = "dynamic",
         retire_finished_rows: bool = True,
+        compile: bool = False,
     ):
         """``time_phases=False`` skips the device syncs that split each step's time into draft / target / other
         (they cost a little on GPU); those timings and the cost ratio are then NaN. ``cache_layout`` is the
         target cache's: "dynamic" (grows) or "static" (preallocated, fixed addresses for CUDA graphs).
         ``retire_finished_rows``: rows that finish leave the batch, so later forwards skip them (dynamic layout
         and a drafter with ``selects_rows``). Greedy outputs do not change; sampled ones do, since the random
-        stream follows the batch's shape (each is still exact)."""
+        stream follows the batch's shape (each is still exact). ``compile=True`` runs the target's decode and
+        verify forwards compiled (CUDA graphs on CUDA) over a static cache, kept for the next call; the drafter
+        compiles its own when built with ``compile=True``. The first call of each shape compiles; eager
+        (``compile=False``) is the reference, with identical greedy tokens."""
+        if compile:
+            cache_layout = "static"
         if cache_layout not in CACHE_LAYOUTS:
             raise ValueError(f"unknown cache layout {cache_layout!r}; known layouts: {', '.join(CACHE_LAYOUTS)}")
         self.target = target
         self.time_phases = time_phases
         self.cache_layout = cache_layout
+        self.compile = compile
+        self.target_cache: KVCache | None = None  # the static one, kept for the next call
         self.drafter = drafter if drafter is not None else NoDrafter()
         self.retires_rows = (
             retire_finished_rows and cache_layout == "dynamic" and getattr(self.drafter, "selects_rows", False)
@@ -150,6 +158,7 @@ class Decoder:
                 f"{self.sampling.temperature}; use 'speculative' (lossless) or 'typical'/'topk' (lossy) to sample"
             )
         self.judges_by_argmax = self.sampling.is_greedy and getattr(self.strategy, "greedy_at_point_masses", False)
+        self.verdict_from_ids = getattr(self.strategy, "verdict_from_ids", None) if self.sampling.is_greedy else None
         limits = [context_limit(target)] + [context_limit(m) for m in draft_models(self.drafter)]
         self.context_limit = min((limit for limit in limits if limit is not None), default=None)
 
@@ -169,6 +178,19 @@ class Decoder:
         check_max_new_tokens(max_new_tokens)
         eos_ids = eos_tensor(eos_token_id, input_ids.device)
         return DecodeRun(self, input_ids, attention_mask, max_new_tokens, eos_ids, seed).run()
+
+
+    def target_cache_for(self, input_ids: torch.Tensor, new_tokens: int) -> KVCache:
+        """An empty target cache for [B, T] prompts: a new dynamic one, or the static one of an earlier call when
+        it fits (same tensors, so compiled CUDA graphs replay on them)."""
+        batch_size, width = input_ids.shape
+        if self.cache_layout == "dynamic":
+            return KVCache(self.target, batch_size, input_ids.device, "target")
+        capacity = static_capacity(width, new_tokens)
+        if self.target_cache is None or not self.target_cache.reuse(batch_size, capacity):
+            layout, device = self.cache_layout, input_ids.device
+            self.target_cache = KVCache(self.target, batch_size, device, "target", layout, capacity, self.compile)
+        return self.target_cache
 
 
 def draft_models(drafter: Drafter) -> list[torch.nn.Module]:
@@ -212,11 +234,7 @@ class DecodeRun:
         decoder.draft_length.start()
         decoder.drafter.start(self.input_ids, self.attention_mask)
         after_draft_prefill = self.phase_clock()
-        capacity = None
-        if decoder.cache_layout == "static":
-            capacity = static_capacity(decoder.target, self.input_ids.shape[1]) + self.k_max
-        batch_size, device = self.input_ids.shape[0], self.input_ids.device
-        self.target_cache = KVCache(decoder.target, batch_size, device, "target", decoder.cache_layout, capacity)
+        self.target_cache = decoder.target_cache_for(self.input_ids, self.max_new_tokens + self.k_max + 1)
         if self.input_ids.shape[1] > 1:
             self.target_cache.prefill(self.input_ids[:, :-1], self.attention_mask[:, :-1])
         after_target_prefill = self.phase_clock()
@@ -351,12 +369,15 @@ class DecodeRun:
         At temperature 0, strategies that are greedy on point masses are judged on token ids (``greedy_verdict``).
         """
         sampling, k = self.decoder.sampling, proposal.tokens.shape[1]
-        if sampling.is_greedy and (k == 0 or self.decoder.judges_by_argmax):
+        verdict_from_ids = self.decoder.verdict_from_ids
+        if sampling.is_greedy and (k == 0 or self.decoder.judges_by_argmax or verdict_from_ids is not None):
             # Point masses: token ids say everything a strategy would see, and one pass over V finds them.
             target_choice, target_usable = greedy_choice(target_logits)  # [B, k+1], []
             if k == 0:
                 return Verdict(self.no_drafts_accepted, target_choice[:, 0]), None, target_usable
             overlap = (proposal.tokens == target_choice[:, :k]).float()  # [B, k] sum_x min(q, p) of point masses
+            if verdict_from_ids is not None:
+                return verdict_from_ids(proposal.tokens, target_choice, self.generator), overlap, target_usable
             return greedy_verdict(proposal.tokens, target_choice), overlap, target_usable
         if k == 0:
             token = sample(logits_to_probs(target_logits[:, 0], sampling), self.generator)  # [B]

@@ -28,6 +28,7 @@ from specdec.types import Proposal
 if TYPE_CHECKING:
     from specdec.decode import StepOutcome
 
+DRAFT_ROOM_GUESS = 128  # new tokens a static draft cache first makes room for; it grows if a call needs more
 StopHook = Callable[[torch.Tensor], bool]  # [B, V] draft distribution of the token just drafted -> stop now?
 
 
@@ -48,17 +49,26 @@ class ModelDrafter:
 
     name = "model"
 
-    def __init__(self, model: torch.nn.Module, label: str = "draft", cache_layout: str = "dynamic"):
+    def __init__(
+        self, model: torch.nn.Module, label: str = "draft", cache_layout: str = "dynamic", compile: bool = False
+    ):
+        """``compile=True`` drafts through the compiled forward (``specdec.cache``) over a static cache."""
         self.model = model
         self.label = label
-        self.cache_layout = cache_layout
-        self.selects_rows = cache_layout == "dynamic"  # a static cache keeps its batch rows
+        self.compile = compile
+        self.cache_layout = "static" if compile else cache_layout
+        self.selects_rows = self.cache_layout == "dynamic"  # a static cache keeps its batch rows
         self.num_forwards = 0
+        self.cache: KVCache | None = None
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
-        """Cache the prompt but its last token, which the first ``propose`` feeds."""
-        capacity = static_capacity(self.model, input_ids.shape[1]) if self.cache_layout == "static" else None
-        self.cache = KVCache(self.model, input_ids.shape[0], input_ids.device, self.label, self.cache_layout, capacity)
+        """Cache the prompt but its last token, which the first ``propose`` feeds. A static cache from an earlier
+        call is reused when it fits (it grows when a call needs more room than it has)."""
+        batch_size, width = input_ids.shape
+        capacity = static_capacity(width, DRAFT_ROOM_GUESS)
+        if self.cache is None or not self.cache.reuse(batch_size, capacity):
+            layout, device = self.cache_layout, input_ids.device
+            self.cache = KVCache(self.model, batch_size, device, self.label, layout, capacity, self.compile)
         if input_ids.shape[1] > 1:
             self.cache.prefill(input_ids[:, :-1], attention_mask[:, :-1])
         # Tokens already emitted but not yet in this cache; unfed[:, j] is a hole where unfed_mask is 0.

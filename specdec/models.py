@@ -1,18 +1,30 @@
 """Draft/target model pairs: presets, device and dtype resolution, shared-tokenizer checks."""
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, GPT2Tokenizer,
+                          PreTrainedModel, PreTrainedTokenizerBase)
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
+GPT2_TOKENIZER_DIR = Path(__file__).resolve().parent / "gpt2_tokenizer"  # GPT-2's BPE files (MIT, see LICENSE)
 HUB_PRESETS = {  # preset -> (draft id, target id); GPT-2 sizes share one tokenizer
     "gpt2-xl": ("gpt2", "gpt2-xl"),
     "gpt2-large": ("gpt2", "gpt2-large"),
     "gpt2-medium": ("gpt2", "gpt2-medium"),
 }
-PRESETS = ["embedded", *HUB_PRESETS]
+# The hub configurations' shapes; every other GPT2Config default (vocabulary 50257, 1024 positions, gelu_new,
+# layer-norm epsilon 1e-5, initializer range 0.02) equals the hub's for all four sizes.
+GPT2_SHAPES = {
+    "gpt2": dict(n_layer=12, n_embd=768, n_head=12),
+    "gpt2-medium": dict(n_layer=24, n_embd=1024, n_head=16),
+    "gpt2-large": dict(n_layer=36, n_embd=1280, n_head=20),
+    "gpt2-xl": dict(n_layer=48, n_embd=1600, n_head=25),
+}
+SHAPED_PRESETS = {f"{name}-shaped": (draft, target) for name, (draft, target) in HUB_PRESETS.items()}
+PRESETS = ["embedded", *HUB_PRESETS, *SHAPED_PRESETS]
 DEVICES = ["auto", "cpu", "cuda", "mps"]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -53,6 +65,8 @@ def resolve_pair_ids(preset: str | None, draft: str | None = None, target: str |
     if preset == "embedded":
         shared = str(EMBEDDED_DIR / "tokenizer")
         base = PairSpec("embedded", str(EMBEDDED_DIR / "draft"), str(EMBEDDED_DIR / "target"), shared, shared)
+    elif preset in SHAPED_PRESETS:
+        raise ValueError(f"preset {preset!r} builds random-weight models and takes no draft= or target= ids")
     elif preset is not None:
         draft_id, target_id = HUB_PRESETS[preset]
         base = PairSpec(preset, draft_id, target_id, draft_id, target_id)
@@ -130,12 +144,42 @@ def check_same_tokenizer(draft_tok: PreTrainedTokenizerBase, target_tok: PreTrai
                          f"different special tokens: {special_ids(draft_tok)} vs {special_ids(target_tok)}")
 
 
+def gpt2_tokenizer() -> PreTrainedTokenizerBase:
+    """The real GPT-2 byte-level BPE tokenizer, from the files shipped with specdec (no hub)."""
+    vocab = json.loads((GPT2_TOKENIZER_DIR / "encoder.json").read_text(encoding="utf-8"))
+    lines = (GPT2_TOKENIZER_DIR / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:]  # line 0: a version
+    merges = [tuple(line.split()) for line in lines if line]
+    return GPT2Tokenizer(vocab=vocab, merges=merges)
+
+
+def gpt2_shaped_model(size: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> PreTrainedModel:
+    """A random-weight GPT-2 with the exact configuration of hub model ``size``, built on ``device`` in ``dtype``."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = GPT2LMHeadModel._from_config(GPT2Config(**GPT2_SHAPES[size]), dtype=dtype)
+    return model.eval().requires_grad_(False)
+
+
+def load_shaped_pair(preset: str, device: torch.device, dtype: torch.dtype) -> "ModelPair":
+    """GPT-2 small drafting for a larger GPT-2, random weights, real tokenizer: the canonical pairs' shapes
+    and costs, offline. Acceptance between random models means nothing: measure them at synthetic acceptance."""
+    draft_size, target_size = SHAPED_PRESETS[preset]
+    tokenizer = gpt2_tokenizer()
+    tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    draft_model = gpt2_shaped_model(draft_size, device, dtype, seed=0)
+    target_model = gpt2_shaped_model(target_size, device, dtype, seed=1)
+    return ModelPair(draft=draft_model, target=target_model, tokenizer=tokenizer, name=preset)
+
+
 def load_pair(preset: str | None = "embedded", *, draft: str | None = None, target: str | None = None,
               device: str = "auto", dtype: str = "auto") -> ModelPair:
     """Load a draft/target pair sharing one tokenizer (left padding, pad = eos when it has none)."""
-    spec = resolve_pair_ids(preset, draft, target)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    if preset in SHAPED_PRESETS and draft is None and target is None:
+        return load_shaped_pair(preset, torch_device, torch_dtype)
+    spec = resolve_pair_ids(preset, draft, target)
     tokenizer = load_tokenizer(spec.target_tokenizer)
     if spec.draft_tokenizer != spec.target_tokenizer:
         check_same_tokenizer(load_tokenizer(spec.draft_tokenizer), tokenizer, spec)

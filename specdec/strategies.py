@@ -11,7 +11,9 @@ and returns ``Verdict(num_accepted [B], next_token [B])``. Both distributions ha
 
 At temperature 0 both distributions are point masses. A strategy whose verdict on point masses is always greedy
 matching says so with ``greedy_at_point_masses = True``; the decode loop then calls ``greedy_verdict`` on token
-ids directly and never builds the [B, k+1, V] one-hot tensors. Strategies without the attribute are always called.
+ids directly and never builds the [B, k+1, V] one-hot tensors. A strategy with another rule on point masses may
+give ``verdict_from_ids(draft_tokens [B, k], target_choice [B, k+1], generator) -> Verdict`` for the loop to call
+instead. Strategies with neither are always called, with one-hot distributions.
 """
 
 from __future__ import annotations
@@ -186,7 +188,48 @@ class TopK:
         return Verdict(num_accepted, sample_at_first_rejection(target_probs, num_accepted, generator))
 
 
-STRATEGIES = {"greedy": Greedy, "speculative": Speculative, "typical": Typical, "topk": TopK}
+@dataclass(frozen=True)
+class SyntheticAcceptance:
+    """Accept each draft token with probability ``acceptance``, whatever the tokens; for benchmarks only.
+
+    num_accepted ~ the leading successes of k Bernoulli(a) trials, so P(n >= i) = a^i, as Leviathan's i.i.d.
+    model assumes. The next token is the target's at the first rejection (or the bonus position): its argmax at
+    temperature 0, judged from token ids like greedy verification; a sample of p otherwise. Lossy by design: the
+    cost of speculation on given shapes depends only on how many drafts are accepted, so this measures a system
+    at a controlled acceptance (vLLM benchmarks with the same rule).
+    """
+
+    acceptance: float = 0.7
+    name: str = "synthetic"
+    lossless: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.acceptance, bool) or not isinstance(self.acceptance, (int, float)):
+            raise TypeError(f"synthetic acceptance must be a number in [0, 1], got {self.acceptance!r}")
+        if not 0 <= self.acceptance <= 1:
+            raise ValueError(f"synthetic acceptance must be in [0, 1], got {self.acceptance!r}")
+
+    def num_accepted(self, draft_tokens: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        uniform = torch.rand(draft_tokens.shape, generator=generator, device=draft_tokens.device)  # [B, k]
+        return count_leading_true(uniform < self.acceptance)  # [B]
+
+    def verdict_from_ids(self, draft_tokens, target_choice, generator) -> Verdict:
+        """Temperature 0: target_choice [B, k+1] is the target's argmax at each position."""
+        num_accepted = self.num_accepted(draft_tokens, generator)  # [B]
+        return Verdict(num_accepted, target_choice.gather(1, num_accepted.unsqueeze(1)).squeeze(1))
+
+    def __call__(self, draft_tokens, draft_probs, target_probs, generator) -> Verdict:
+        num_accepted = self.num_accepted(draft_tokens, generator)  # [B]
+        return Verdict(num_accepted, sample_at_first_rejection(target_probs, num_accepted, generator))
+
+
+STRATEGIES = {
+    "greedy": Greedy,
+    "speculative": Speculative,
+    "typical": Typical,
+    "topk": TopK,
+    "synthetic": SyntheticAcceptance,
+}
 
 
 def make_strategy(strategy: str | AcceptanceStrategy, **params) -> AcceptanceStrategy:
