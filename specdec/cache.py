@@ -8,8 +8,10 @@ holes outnumber the committed slots of the fullest row, ``compact`` gathers ever
 
 Two layouts, same behaviour: ``dynamic`` (a ``DynamicCache`` that grows by concatenation) and ``static`` (a
 preallocated ``StaticCache`` written in place, whose tensors keep their addresses, for CUDA graphs / compile;
-rollback moves its write pointer back). A static cache that runs out of room even after compaction is
-reallocated with twice the room it needs (rare: owners keep their static caches across calls, see ``reuse``).
+rollback moves its write pointer back). Static tensors are pooled per (model, role, batch size) and reused by
+later calls (``STATIC_POOL``): compiled code guards on their identity and CUDA graphs replay on their addresses,
+so new tensors would mean recompiling. A static cache that runs out of room even after compaction is reallocated
+with twice the room it needs, replacing the pooled one.
 
 ``compile=True`` (static layout) runs the model's forward through ``torch.compile``: CUDA graphs
 (``reduce-overhead``) on CUDA, inductor's default mode elsewhere. Shapes are fixed per k: the forward sees
@@ -25,6 +27,13 @@ CACHE_LAYOUTS = ("dynamic", "static")
 STATIC_CACHE_SLACK = 64  # spare static slots, so compaction is rare
 STATIC_CAPACITY_STEP = 256  # static capacities are multiples of this, so nearby needs share one compiled shape
 COMPILED_FORWARDS: dict[int, tuple[torch.nn.Module, object]] = {}  # id(model) -> (model, its compiled forward)
+# (id(model), label, batch size) -> (model, StaticCache, its [B, capacity] mask): one live KVCache uses each at a time
+STATIC_POOL: dict[tuple[int, str, int], tuple[torch.nn.Module, StaticCache, torch.Tensor]] = {}
+
+
+def release_static_caches() -> None:
+    """Free every pooled static cache (the next static call allocates, and compiled forwards recompile)."""
+    STATIC_POOL.clear()
 
 
 def compiled_forward(model: torch.nn.Module):
@@ -64,13 +73,10 @@ class KVCache:
         self.run_model = compiled_forward(model) if compile else model  # what ``forward`` calls
         self.marks_cuda_graph_steps = compile and input_device_is_cuda(device)
         if self.static:
-            capacity = round_up_capacity(capacity)
-            self.past = StaticCache(config=model.config, max_cache_len=capacity)
-            self.capacity = capacity
+            self.take_pooled(batch_size, capacity, device)
         else:
             self.past = DynamicCache(config=model.config)
-        width = capacity if self.static else 0
-        self.mask = torch.zeros(batch_size, width, dtype=torch.long, device=device)  # [B, S] 1 = committed slot
+            self.mask = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # [B, S] 1 = committed slot
         self.num_slots = 0  # slots written so far; the static mask is zero past them
         self.next_hole_check = 64  # dynamic layout: slot count at which to look for piled-up holes again
         self.body = getattr(model, "base_model", model)  # transformers' models: the layers without the LM head
@@ -91,23 +97,30 @@ class KVCache:
             torch.compiler.cudagraph_mark_step_begin()  # earlier outputs of this graph may now be overwritten
         return self.feed(self.run_model, input_ids, input_mask).logits
 
-    def reuse(self, batch_size: int, capacity: int) -> bool:
-        """Empty this static cache for a new call of ``batch_size`` rows needing ``capacity`` slots, if it fits;
-        its tensors keep their addresses, so compiled CUDA graphs replay on them. False if it does not fit."""
-        if not self.static or self.mask.shape[0] != batch_size or self.capacity < capacity:
-            return False
-        self.mask.zero_()
-        self.num_slots = 0
-        for layer in self.past.layers:
-            if layer.is_initialized:
-                layer.cumulative_length.zero_()
-        return True
+    def take_pooled(self, batch_size: int, capacity: int, device: torch.device) -> None:
+        """Use the pooled static cache of this model, role and batch size, emptied, if it has ``capacity`` slots;
+        else allocate one (rounded up) and pool it."""
+        key = (id(self.model), self.label, batch_size)
+        pooled = STATIC_POOL.get(key)
+        if pooled is not None and pooled[2].shape[1] >= capacity and pooled[2].device == torch.device(device):
+            _, self.past, self.mask = pooled
+            self.mask.zero_()
+            for layer in self.past.layers:
+                if layer.is_initialized:
+                    layer.cumulative_length.zero_()
+        else:
+            capacity = round_up_capacity(capacity)
+            self.past = StaticCache(config=self.model.config, max_cache_len=capacity)
+            self.mask = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)  # [B, S] 1 = committed
+            STATIC_POOL[key] = (self.model, self.past, self.mask)
+        self.capacity = self.mask.shape[1]
 
     def feed(self, module: torch.nn.Module, input_ids: torch.Tensor, input_mask: torch.Tensor):
         """Run ``module`` (the model or its body) on [B, n] tokens over the cache; returns its output."""
         n = input_ids.shape[1]
         if self.static and self.num_slots + n > self.capacity:
-            self.compact()
+            if self.num_slots:
+                self.compact()
             if self.num_slots + n > self.capacity:
                 self.grow(2 * (self.num_slots + n))
         positions = self.mask.sum(-1, keepdim=True) + input_mask.cumsum(-1) - 1  # [B, n]
@@ -184,6 +197,7 @@ class KVCache:
         grown = torch.zeros(self.mask.shape[0], capacity, dtype=self.mask.dtype, device=self.mask.device)
         grown[:, : self.capacity] = self.mask
         self.past, self.mask, self.capacity = past, grown, capacity
+        STATIC_POOL[(id(self.model), self.label, self.mask.shape[0])] = (self.model, past, grown)
 
     def compact(self) -> None:
         """Gather each row's committed slots, in order, to the end of the first ``max committed`` slots."""

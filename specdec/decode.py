@@ -132,7 +132,7 @@ class Decoder:
         ``retire_finished_rows``: rows that finish leave the batch, so later forwards skip them (dynamic layout
         and a drafter with ``selects_rows``). Greedy outputs do not change; sampled ones do, since the random
         stream follows the batch's shape (each is still exact). ``compile=True`` runs the target's decode and
-        verify forwards compiled (CUDA graphs on CUDA) over a static cache, kept for the next call; the drafter
+        verify forwards compiled (CUDA graphs on CUDA) over a static cache (pooled across calls); the drafter
         compiles its own when built with ``compile=True``. The first call of each shape compiles; eager
         (``compile=False``) is the reference, with identical greedy tokens."""
         if compile:
@@ -143,7 +143,6 @@ class Decoder:
         self.time_phases = time_phases
         self.cache_layout = cache_layout
         self.compile = compile
-        self.target_cache: KVCache | None = None  # the static one, kept for the next call
         self.drafter = drafter if drafter is not None else NoDrafter()
         self.retires_rows = (
             retire_finished_rows and cache_layout == "dynamic" and getattr(self.drafter, "selects_rows", False)
@@ -178,19 +177,6 @@ class Decoder:
         check_max_new_tokens(max_new_tokens)
         eos_ids = eos_tensor(eos_token_id, input_ids.device)
         return DecodeRun(self, input_ids, attention_mask, max_new_tokens, eos_ids, seed).run()
-
-
-    def target_cache_for(self, input_ids: torch.Tensor, new_tokens: int) -> KVCache:
-        """An empty target cache for [B, T] prompts: a new dynamic one, or the static one of an earlier call when
-        it fits (same tensors, so compiled CUDA graphs replay on them)."""
-        batch_size, width = input_ids.shape
-        if self.cache_layout == "dynamic":
-            return KVCache(self.target, batch_size, input_ids.device, "target")
-        capacity = static_capacity(width, new_tokens)
-        if self.target_cache is None or not self.target_cache.reuse(batch_size, capacity):
-            layout, device = self.cache_layout, input_ids.device
-            self.target_cache = KVCache(self.target, batch_size, device, "target", layout, capacity, self.compile)
-        return self.target_cache
 
 
 def draft_models(drafter: Drafter) -> list[torch.nn.Module]:
@@ -234,7 +220,11 @@ class DecodeRun:
         decoder.draft_length.start()
         decoder.drafter.start(self.input_ids, self.attention_mask)
         after_draft_prefill = self.phase_clock()
-        self.target_cache = decoder.target_cache_for(self.input_ids, self.max_new_tokens + self.k_max + 1)
+        capacity = static_capacity(self.input_ids.shape[1], self.max_new_tokens + self.k_max + 1)
+        batch_size, device = self.input_ids.shape[0], self.input_ids.device
+        self.target_cache = KVCache(
+            decoder.target, batch_size, device, "target", decoder.cache_layout, capacity, decoder.compile
+        )
         if self.input_ids.shape[1] > 1:
             self.target_cache.prefill(self.input_ids[:, :-1], self.attention_mask[:, :-1])
         after_target_prefill = self.phase_clock()

@@ -59,16 +59,13 @@ class ModelDrafter:
         self.cache_layout = "static" if compile else cache_layout
         self.selects_rows = self.cache_layout == "dynamic"  # a static cache keeps its batch rows
         self.num_forwards = 0
-        self.cache: KVCache | None = None
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
-        """Cache the prompt but its last token, which the first ``propose`` feeds. A static cache from an earlier
-        call is reused when it fits (it grows when a call needs more room than it has)."""
+        """Cache the prompt but its last token, which the first ``propose`` feeds."""
         batch_size, width = input_ids.shape
         capacity = static_capacity(width, DRAFT_ROOM_GUESS)
-        if self.cache is None or not self.cache.reuse(batch_size, capacity):
-            layout, device = self.cache_layout, input_ids.device
-            self.cache = KVCache(self.model, batch_size, device, self.label, layout, capacity, self.compile)
+        layout, device = self.cache_layout, input_ids.device
+        self.cache = KVCache(self.model, batch_size, device, self.label, layout, capacity, self.compile)
         if input_ids.shape[1] > 1:
             self.cache.prefill(input_ids[:, :-1], attention_mask[:, :-1])
         # Tokens already emitted but not yet in this cache; unfed[:, j] is a hole where unfed_mask is 0.

@@ -45,12 +45,15 @@ def test_compaction_gathers_committed_slots_and_keeps_logits_exact(target):
 
 
 def test_static_cache_compacts_when_full_and_matches_dynamic(target, draft, monkeypatch):
-    """A deliberately small static cache (context limit 128 + prompt width - 80 slots) forces compaction. Same seed, same tokens as the dynamic layout."""
+    """A deliberately small static cache (prompt width + new tokens - 20 slots, not rounded up) forces compaction
+    (and growth once compaction is not enough). Same seed, same tokens as the dynamic layout."""
     import specdec.cache as cache_module
 
     compactions = []
     original = cache_module.KVCache.compact
-    monkeypatch.setattr(cache_module, "STATIC_CACHE_SLACK", -80)
+    monkeypatch.setattr(cache_module, "STATIC_CACHE_SLACK", -20)
+    monkeypatch.setattr(cache_module, "STATIC_CAPACITY_STEP", 1)
+    monkeypatch.setattr(cache_module, "STATIC_POOL", {})  # no roomier cache pooled by earlier tests
     monkeypatch.setattr(cache_module.KVCache, "compact", lambda self: compactions.append(self.label) or original(self))
     prompts = random_prompts([2, 10, 6], seed=23)
     ids, mask = left_pad(prompts)

@@ -29,8 +29,9 @@ def compose_run(overrides=(), hydra=False):
 
 def test_every_group_has_the_expected_options():
     names = {group: {option for g, option in OPTIONS if g == group} for group in GROUPS}
-    assert names["pair"] == {"embedded", "gpt2-xl", "gpt2-large", "gpt2-medium"}
-    assert names["strategy"] == {"greedy", "speculative", "typical", "topk"}
+    assert names["pair"] == {"embedded", "gpt2-xl", "gpt2-large", "gpt2-medium", "gpt2-xl-shaped",
+                             "gpt2-large-shaped", "gpt2-medium-shaped"}
+    assert names["strategy"] == {"greedy", "speculative", "typical", "topk", "synthetic"}
     assert {"greedy", "t1", "t07_topp09"} <= names["sampling"]
     assert names["draft_length"] == {"fixed", "heuristic", "confidence", "cost_optimal"}
     assert names["drafter"] == {"model", "ngram", "early_exit"}
@@ -53,7 +54,7 @@ def test_option_composes_and_its_constructor_accepts_its_keys(group, option, tin
             assert type(built).__name__ == target.__name__
 
 
-@pytest.mark.parametrize("option", ["greedy", "speculative", "typical", "topk"])
+@pytest.mark.parametrize("option", ["greedy", "speculative", "typical", "topk", "synthetic"])
 def test_strategy_options_build_the_library_strategies(option):
     strategy = instantiate(compose_run([f"strategy={option}"]).strategy)
     assert strategy.name == option and isinstance(strategy, specdec.STRATEGIES[option])
