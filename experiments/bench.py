@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -109,24 +110,36 @@ class Tally:
 
 
 def ours(pair: Pair, k: int | None, temperature: float, max_new_tokens: int, batch: list[list[int]], seed: int,
-         stop_at_eos: bool = True, stats: list | None = None):
+         stop_at_eos: bool = True, stats: list | None = None, compile: bool = False):
     """Our decoding of one batch; its DecodeStats are appended to ``stats`` if given."""
     ids, mask = left_pad(batch, pair.target.device)
     out = specdec.generate(pair.target, ids, draft=pair.draft if k else None, attention_mask=mask, k=k or 1,
                            max_new_tokens=max_new_tokens, temperature=temperature,
-                           eos_token_id=pair.eos_token_id if stop_at_eos else None, seed=seed)
+                           eos_token_id=pair.eos_token_id if stop_at_eos else None, seed=seed, compile=compile)
     if stats is not None:
         stats.append(out.stats)
     return out.tokens
 
 
-def transformers_generate(pair: Pair, k: int | None, temperature: float, max_new_tokens: int, batch, seed: int):
+# transformers assisted generation, configured through the assistant's generation_config. "same_algorithm" is ours:
+# a constant k and no confidence cut-off (threshold 0 turns it off). "default" is transformers' own defaults
+# (20 tokens, constant schedule, confidence threshold 0.4, which stops drafting once the draft is unsure).
+HF_ASSISTANT_SETTINGS = {
+    "same_algorithm": lambda k: dict(num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
+                                     assistant_confidence_threshold=0.0),
+    "default": lambda k: dict(num_assistant_tokens=None, num_assistant_tokens_schedule=None,
+                              assistant_confidence_threshold=None),
+}
+
+
+def transformers_generate(pair: Pair, k: int | None, temperature: float, max_new_tokens: int, batch, seed: int,
+                          assistant_setting: str = "same_algorithm"):
     ids = torch.tensor(batch, device=pair.target.device)
     sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
     assistant = {}
     if k:
-        pair.draft.generation_config.num_assistant_tokens = k
-        pair.draft.generation_config.num_assistant_tokens_schedule = "constant"
+        for key, value in HF_ASSISTANT_SETTINGS[assistant_setting](k).items():
+            setattr(pair.draft.generation_config, key, value)
         assistant = dict(assistant_model=pair.draft)
     torch.manual_seed(seed)
     out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
@@ -142,27 +155,35 @@ def left_pad(batch: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor
 
 
 def run_interleaved(pair: Pair, methods: dict, prompts, max_new_tokens: int, clock: Clock) -> dict:
-    """Run every method on every prompt, rotating the order per prompt; one warm-up round first."""
+    """Run every method on every prompt, rotating the order per prompt; one warm-up round first. Methods named
+    ``*_compiled`` run without the forward hooks (compiled code would trace them), so their overhead is NaN."""
     tallies = {name: Tally() for name in methods}
     names = list(methods)
     for name in names:
         methods[name](prompts[0], 0)
     for i, prompt in enumerate(prompts):
         for name in names[i % len(names):] + names[: i % len(names)]:
-            timer = ForwardTimer(clock, pair.draft, pair.target)
+            hooked = not str(name).endswith("_compiled")
+            timer = ForwardTimer(clock, pair.draft, pair.target) if hooked else None
             start = clock.now()
             tokens = methods[name](prompt, i)
             elapsed = clock.now() - start
-            timer.remove()
             tally = tallies[name]
             tally.tokens += sum(map(len, tokens))
             tally.seconds += elapsed
-            tally.forward_seconds += timer.seconds
+            if timer is not None:
+                timer.remove()
+                tally.forward_seconds += timer.seconds
+            else:
+                tally.forward_seconds = math.nan
             tally.outputs.append(tokens)
     return tallies
 
 
-def comparison_table(pair: Pair, ks: list[int], temperatures: list[float], max_new_tokens: int, clock: Clock) -> list[dict]:
+def comparison_table(pair: Pair, ks: list[int], temperatures: list[float], max_new_tokens: int, clock: Clock,
+                     compiled: bool = False) -> list[dict]:
+    """Ours (eager; with ``compiled`` also compiled) against transformers' generate() and assisted generation, at
+    the same algorithm and at transformers' defaults, every method interleaved per prompt."""
     rows = []
     prompts = [[p] for p in pair.prompts]
     for temperature in temperatures:
@@ -172,7 +193,14 @@ def comparison_table(pair: Pair, ks: list[int], temperatures: list[float], max_n
                 "ours_speculative": lambda b, i, t=temperature, k=k: ours(pair, k, t, max_new_tokens, b, i),
                 "hf_generate": lambda b, i, t=temperature: transformers_generate(pair, None, t, max_new_tokens, b, i),
                 "hf_assisted": lambda b, i, t=temperature, k=k: transformers_generate(pair, k, t, max_new_tokens, b, i),
+                "hf_assisted_default": lambda b, i, t=temperature: transformers_generate(
+                    pair, 1, t, max_new_tokens, b, i, assistant_setting="default"),
             }
+            if compiled:
+                methods["ours_baseline_compiled"] = lambda b, i, t=temperature: ours(
+                    pair, None, t, max_new_tokens, b, i, compile=True)
+                methods["ours_speculative_compiled"] = lambda b, i, t=temperature, k=k: ours(
+                    pair, k, t, max_new_tokens, b, i, compile=True)
             tallies = run_interleaved(pair, methods, prompts, max_new_tokens, clock)
             outputs = [t.outputs for t in tallies.values()]
             rows.append({
@@ -184,6 +212,11 @@ def comparison_table(pair: Pair, ks: list[int], temperatures: list[float], max_n
                 "spec_speedup": round(tallies["ours_speculative"].tokens_per_s / tallies["ours_baseline"].tokens_per_s, 2),
                 "ours_spec_overhead": round(tallies["ours_speculative"].overhead, 3),
                 "hf_assisted_overhead": round(tallies["hf_assisted"].overhead, 3),
+                **({"compiled_spec_vs_hf_assisted": round(tallies["ours_speculative_compiled"].tokens_per_s
+                                                          / tallies["hf_assisted"].tokens_per_s, 2),
+                    "compiled_spec_speedup": round(tallies["ours_speculative_compiled"].tokens_per_s
+                                                   / tallies["ours_baseline_compiled"].tokens_per_s, 2)}
+                   if compiled else {}),
                 "identical_tokens": all(o == outputs[0] for o in outputs) if temperature == 0 else "n/a (sampled)",
             })
             print(markdown([rows[-1]]), flush=True)
@@ -323,6 +356,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=positive_int, default=20, help="timed repeats per forward in the cost profile")
     parser.add_argument("--batch-rounds", type=positive_int, default=3, help="times the batch-scaling work is decoded")
     parser.add_argument("--skip-comparison", action="store_true", help="cost profile and batch scaling only")
+    parser.add_argument("--compiled", action="store_true", help="also compare our compiled path (compile=True)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -348,7 +382,7 @@ def main(argv=None) -> None:
         print(sections[-1], flush=True)
     if not args.skip_comparison:
         with torch.no_grad():
-            rows = comparison_table(pair, args.ks, args.temperatures, args.max_new_tokens, clock)
+            rows = comparison_table(pair, args.ks, args.temperatures, args.max_new_tokens, clock, args.compiled)
         summary = baseline_summary(rows)
         sections.append("## Ours vs transformers (tokens/s, batch 1)\n\n" + markdown(rows) + "\n\n" + summary)
         print(summary, flush=True)

@@ -1,0 +1,305 @@
+"""System curves at controlled acceptance on a pair's real shapes: autoregressive throughput per batch size
+against the memory bound, and speculative speedup at synthetic acceptance, eager and compiled.
+
+    python experiments/shapes_bench.py                                     # GPT-2 small -> XL shapes, bf16, CPU
+    python experiments/shapes_bench.py --device cuda --modes eager,compiled --batch-sizes 1,2,4,8,16,32,64
+
+The pair has random weights (``gpt2-xl-shaped``), so acceptance is set, not found: ``SyntheticAcceptance(a)``
+accepts each draft with probability a, and the cost of speculation on given shapes depends only on how many drafts
+are accepted. Each speculative speedup stands beside two predictions at the acceptance it measured: Leviathan's
+formula, which assumes verifying k+1 tokens costs one target step, and the same expected tokens per step over the
+costs measured here (draft step and verify forward of k+1 tokens, same mode). The transformers comparison runs
+assisted generation at the same algorithm (constant k, no confidence cut-off) beside ours with greedy verification,
+both eager, on the same random pair (acceptance near 0, the same for both since greedy tokens are identical).
+
+Timing as in bench.py: one process, warm-up first, methods interleaved (order rotating), device synchronised before
+every clock read. Prints Markdown tables and writes them to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import specdec  # noqa: E402
+from specdec.cache import KVCache  # noqa: E402
+from specdec.decode import Clock  # noqa: E402
+
+from experiments.bench import HF_ASSISTANT_SETTINGS, markdown, positive_int, positive_ints  # noqa: E402
+
+MODES = {"eager": False, "compiled": True}
+
+
+def fractions(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        values = None
+    if values is None or not all(0 <= value < 1 for value in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated acceptances in [0, 1), got {text!r}")
+    return values
+
+
+def modes(text: str) -> list[str]:
+    names = text.split(",")
+    if not names or not all(name in MODES for name in names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated modes from {', '.join(MODES)}, got {text!r}")
+    return names
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Every value is checked here, before any model loads."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", default="gpt2-xl-shaped", help="a load_pair preset (default gpt2-xl-shaped)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--modes", type=modes, default="eager", help="eager, compiled or both (comma-separated)")
+    parser.add_argument("--acceptances", type=fractions, default="0.5,0.6,0.7,0.8,0.9")
+    parser.add_argument("--ks", type=positive_ints, default="1,2,3,4,5,6,7,8")
+    parser.add_argument("--batch-sizes", type=positive_ints, default="1", help="autoregressive throughput sweep")
+    parser.add_argument("--prompts", type=positive_int, default=4, help="prompts per speculative setting (batch 1)")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=32, help="tokens per random prompt")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64)
+    parser.add_argument("--repeats", type=positive_int, default=10, help="timed repeats per forward (cost profile)")
+    parser.add_argument("--rounds", type=positive_int, default=2, help="rounds of the batch-size sweep")
+    parser.add_argument("--hf-ks", type=positive_ints, default=None, help="k values for the transformers comparison")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    parser.add_argument("--out", default=None, help="directory for shapes.md")
+    return parser.parse_args(argv)
+
+
+def random_prompts(count: int, width: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (count, width), generator=generator)  # [count, width]
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())  # tied weights counted once
+
+
+def copy_bandwidth(device: torch.device, clock: Clock, gigabytes: float = 2.0) -> float | None:
+    """Bytes/s of a large device-to-device copy (bytes read plus bytes written); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    source = torch.randn(int(gigabytes * 2**30) // 4, device=device)
+    target = torch.empty_like(source)
+    times = []
+    for _ in range(12):
+        start = clock.now()
+        target.copy_(source)
+        times.append(clock.now() - start)
+    return 2 * source.numel() * 4 / statistics.median(times[2:])
+
+
+def timed_generate(decoder: specdec.Decoder, prompts: torch.Tensor, max_new_tokens: int, clock: Clock, seed: int):
+    start = clock.now()
+    out = decoder.generate(prompts, None, max_new_tokens, None, seed)
+    return out, clock.now() - start
+
+
+def autoregressive_sweep(pair, mode_names, batch_sizes, args, clock, bandwidth) -> list[dict]:
+    """Baseline tokens/s per batch size and mode, every (size, mode) interleaved per round after a warm-up."""
+    decoders = {(mode, size): specdec.Decoder(pair.target, None, compile=MODES[mode], time_phases=False)
+                for mode in mode_names for size in batch_sizes}
+    prompts = {size: random_prompts(size, args.prompt_tokens, pair.target.config.vocab_size, seed=size).to(
+        pair.target.device) for size in batch_sizes}
+    warmup, tokens, seconds = {}, dict.fromkeys(decoders, 0), dict.fromkeys(decoders, 0.0)
+    for key, decoder in decoders.items():
+        warmup[key] = timed_generate(decoder, prompts[key[1]], args.max_new_tokens, clock, 0)[1]
+    keys = list(decoders)
+    for round_index in range(args.rounds):
+        shift = round_index % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            out, elapsed = timed_generate(decoders[key], prompts[key[1]], args.max_new_tokens, clock, round_index)
+            tokens[key] += sum(map(len, out.tokens))
+            seconds[key] += elapsed
+    per_token_bytes = weight_bytes(pair.target)
+    rows = []
+    for size in batch_sizes:
+        row = {"batch": size}
+        for mode in mode_names:
+            row[f"{mode}_tok_s"] = round(tokens[(mode, size)] / seconds[(mode, size)], 1)
+            row[f"{mode}_first_call_s"] = round(warmup[(mode, size)], 1)
+        if bandwidth:
+            bound = size * bandwidth / per_token_bytes  # every step reads every weight once
+            row["weights_bound_tok_s"] = round(bound, 1)
+            for mode in mode_names:
+                row[f"{mode}_share_of_bound"] = round(row[f"{mode}_tok_s"] / bound, 3)
+        rows.append(row)
+    return rows
+
+
+def time_forwards(model, compile: bool, prompt: torch.Tensor, widths, clock: Clock, repeats: int, label: str) -> dict:
+    """Median seconds of one forward of n tokens (n in ``widths``) over a prefilled static cache, mode as given."""
+    cache = KVCache(model, 1, prompt.device, label, "static", prompt.shape[1] + max(widths) + 8, compile)
+    cache.prefill(prompt, torch.ones_like(prompt))
+    times = {}
+    for n in widths:
+        tokens = prompt[:, :n]
+        samples = []
+        for _ in range(repeats + 3):
+            start = clock.now()
+            cache.forward(tokens, torch.ones_like(tokens))
+            samples.append(clock.now() - start)
+            cache.keep(torch.zeros(1, dtype=torch.long, device=prompt.device), n, 0)
+        times[n] = statistics.median(samples[3:])
+    return times
+
+
+def cost_profile(pair, mode: str, k_max: int, prompt: torch.Tensor, clock: Clock, repeats: int) -> dict:
+    draft = time_forwards(pair.draft, MODES[mode], prompt, [1], clock, repeats, "draft")
+    target = time_forwards(pair.target, MODES[mode], prompt, range(1, k_max + 2), clock, repeats, "target")
+    return {"draft": draft[1], **{f"target_{n}": seconds for n, seconds in target.items()}}
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens per step when each draft is accepted with probability alpha: sum_{i=0..k} alpha^i."""
+    return sum(alpha**i for i in range(k + 1))
+
+
+def speculative_curves(pair, mode: str, acceptances, ks, args, clock, profile: dict) -> list[dict]:
+    """Speedup over our baseline (same mode) at each synthetic acceptance and k; per k, the baseline and every
+    acceptance are interleaved per prompt, order rotating."""
+    compile = MODES[mode]
+    prompts = random_prompts(args.prompts, args.prompt_tokens, pair.target.config.vocab_size).to(pair.target.device)
+    baseline = specdec.Decoder(pair.target, None, compile=compile, time_phases=False)
+    step, draft_step = profile["target_1"], profile["draft"]
+    rows = []
+    for k in ks:
+        decoders = {"baseline": baseline}
+        for alpha in acceptances:
+            decoders[alpha] = specdec.Decoder(
+                pair.target, specdec.ModelDrafter(pair.draft, compile=compile), specdec.SyntheticAcceptance(alpha),
+                specdec.FixedLength(k), compile=compile, time_phases=False)
+        tokens, seconds = dict.fromkeys(decoders, 0), dict.fromkeys(decoders, 0.0)
+        drafted, accepted = dict.fromkeys(decoders, 0), dict.fromkeys(decoders, 0)
+        for decoder in decoders.values():
+            decoder.generate(prompts[:1], None, args.max_new_tokens, None, 0)  # warm-up (and compile) per shape
+        names = list(decoders)
+        for index in range(len(prompts)):
+            shift = index % len(names)
+            for name in names[shift:] + names[:shift]:
+                out, elapsed = timed_generate(decoders[name], prompts[index : index + 1], args.max_new_tokens, clock,
+                                              index)
+                tokens[name] += sum(map(len, out.tokens))
+                seconds[name] += elapsed
+                drafted[name] += out.stats.drafted
+                accepted[name] += out.stats.accepted
+        base_rate = tokens["baseline"] / seconds["baseline"]
+        for alpha in acceptances:
+            measured_alpha = accepted[alpha] / drafted[alpha]
+            verify = profile[f"target_{k + 1}"]
+            rows.append({
+                "mode": mode,
+                "acceptance": alpha,
+                "k": k,
+                "measured_acceptance": round(measured_alpha, 3),
+                "baseline_tok_s": round(base_rate, 1),
+                "spec_tok_s": round(tokens[alpha] / seconds[alpha], 1),
+                "speedup": round(tokens[alpha] / seconds[alpha] / base_rate, 2),
+                "predicted_measured_costs": round(
+                    expected_tokens(measured_alpha, k) * step / (k * draft_step + verify), 2),
+                "predicted_leviathan": round(specdec.predicted_speedup(measured_alpha, k, draft_step / step), 2),
+            })
+        print(markdown(rows[-len(acceptances):]), flush=True)
+    return rows
+
+
+def transformers_comparison(pair, ks, args, clock) -> list[dict]:
+    """Greedy, batch 1, eager: ours (greedy verification) vs assisted generation at the same algorithm and
+    vs generate(), interleaved per prompt; tokens must be identical."""
+    prompts = random_prompts(args.prompts, args.prompt_tokens, pair.target.config.vocab_size).to(pair.target.device)
+
+    def hf(k, ids):
+        assistant = {}
+        if k:
+            for key, value in HF_ASSISTANT_SETTINGS["same_algorithm"](k).items():
+                setattr(pair.draft.generation_config, key, value)
+            assistant = dict(assistant_model=pair.draft)
+        out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
+                                   min_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=0, **assistant)
+        return out[0, ids.shape[1]:].tolist()
+
+    rows = []
+    for k in ks:
+        ours = specdec.Decoder(pair.target, specdec.ModelDrafter(pair.draft), specdec.Greedy(), specdec.FixedLength(k))
+        methods = {
+            "ours_speculative": lambda ids: ours.generate(ids, None, args.max_new_tokens).tokens[0],
+            "hf_assisted": lambda ids: hf(k, ids),
+            "hf_generate": lambda ids: hf(None, ids),
+        }
+        for method in methods.values():
+            method(prompts[:1])
+        tokens, seconds, outputs = dict.fromkeys(methods, 0), dict.fromkeys(methods, 0.0), {m: [] for m in methods}
+        names = list(methods)
+        for index in range(len(prompts)):
+            shift = index % len(names)
+            for name in names[shift:] + names[:shift]:
+                start = clock.now()
+                output = methods[name](prompts[index : index + 1])
+                seconds[name] += clock.now() - start
+                tokens[name] += len(output)
+                outputs[name].append(output)
+        rate = {name: tokens[name] / seconds[name] for name in methods}
+        rows.append({"k": k, **{f"{name}_tok_s": round(value, 1) for name, value in rate.items()},
+                     "ours_vs_hf_assisted": round(rate["ours_speculative"] / rate["hf_assisted"], 2),
+                     "identical_tokens": all(o == outputs["hf_generate"] for o in outputs.values())})
+        print(markdown(rows[-1:]), flush=True)
+    return rows
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    pair = specdec.load_pair(args.pair, device=args.device, dtype=args.dtype)
+    device = pair.target.device
+    clock = Clock(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    sections = [f"# Shapes benchmark: {pair.name}\n\n{name}; {next(pair.target.parameters()).dtype}; torch "
+                f"{torch.__version__}, transformers {transformers.__version__}; prompts of {args.prompt_tokens} random "
+                f"tokens, {args.max_new_tokens} new tokens, EOS ignored"]
+    bandwidth = copy_bandwidth(device, clock)
+    memory = {"target_weight_gb": round(weight_bytes(pair.target) / 1e9, 3),
+              "draft_weight_gb": round(weight_bytes(pair.draft) / 1e9, 3)}
+    if bandwidth:
+        memory["copy_bandwidth_tb_s"] = round(bandwidth / 1e12, 2)
+        memory["batch_1_bound_tok_s"] = round(bandwidth / weight_bytes(pair.target), 1)
+    sections.append("## Memory bound (copy bandwidth measured: bytes read + written by a 2 GiB device copy)\n\n"
+                    + markdown([memory]))
+    print("\n\n".join(sections), flush=True)
+
+    with torch.inference_mode():
+        sweep = autoregressive_sweep(pair, args.modes, args.batch_sizes, args, clock, bandwidth)
+        sections.append("## Autoregressive throughput (our baseline; first_call_s includes compilation)\n\n"
+                        + markdown(sweep))
+        print(sections[-1], flush=True)
+        prompt = random_prompts(1, args.prompt_tokens, pair.target.config.vocab_size, seed=99).to(device)
+        for mode in args.modes:
+            profile = cost_profile(pair, mode, max(args.ks), prompt, clock, args.repeats)
+            sections.append(f"## Cost profile, {mode} (ms per forward, batch 1)\n\n"
+                            + markdown([{key: round(1000 * value, 3) for key, value in profile.items()}]))
+            print(sections[-1], flush=True)
+            curves = speculative_curves(pair, mode, args.acceptances, args.ks, args, clock, profile)
+            sections.append(f"## Speculative speedup at synthetic acceptance, {mode} (batch 1)\n\n" + markdown(curves))
+        if args.hf_ks:
+            comparison = transformers_comparison(pair, args.hf_ks, args, clock)
+            sections.append("## Ours vs transformers assisted generation at the same algorithm (eager, greedy, batch "
+                            "1; random pair, so acceptance is near 0 for both)\n\n" + markdown(comparison))
+
+    out = Path(args.out or f"outputs/shapes_bench/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "shapes.md").write_text("\n\n".join(sections) + "\n")
+    print(f"\nwritten to {out}/shapes.md")
+
+
+if __name__ == "__main__":
+    main()
