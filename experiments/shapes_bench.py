@@ -43,8 +43,8 @@ def fractions(text: str) -> list[float]:
         values = [float(part) for part in text.split(",")]
     except ValueError:
         values = None
-    if values is None or not all(0 <= value < 1 for value in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated acceptances in [0, 1), got {text!r}")
+    if values is None or not all(0 <= value <= 1 for value in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated acceptances in [0, 1], got {text!r}")
     return values
 
 

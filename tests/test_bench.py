@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import random_prompts, tiny_gpt2
 
+import specdec
 from experiments import bench
 from specdec.cache import KVCache
 
@@ -39,11 +40,28 @@ def test_forward_timer_counts_a_body_call_inside_its_model_once():
     assert timer.seconds == 2.0 and timer.depth == 0
 
 
-def test_comparison_runs_all_four_methods_and_finds_identical_greedy_tokens():
+def test_comparison_runs_every_method_and_finds_identical_greedy_tokens(monkeypatch):
+    """Ours, generate(), assisted generation at the same algorithm and at transformers' defaults: identical greedy
+    tokens. The same-algorithm run drafts a constant k with the confidence cut-off off; the default run leaves
+    transformers' own settings."""
     pair = tiny_pair()
+    seen = []
+    original = bench.transformers_generate
+
+    def recording(pair, k, *args, **kwargs):
+        out = original(pair, k, *args, **kwargs)
+        config = pair.draft.generation_config
+        seen.append((kwargs.get("assistant_setting", "same_algorithm"), k, config.num_assistant_tokens,
+                     config.num_assistant_tokens_schedule, config.assistant_confidence_threshold))
+        return out
+
+    monkeypatch.setattr(bench, "transformers_generate", recording)
     [row] = bench.comparison_table(pair, ks=[3], temperatures=[0.0], max_new_tokens=10, clock=TickingClock())
     assert row["identical_tokens"] is True
-    assert {"ours_baseline_tok_s", "ours_speculative_tok_s", "hf_generate_tok_s", "hf_assisted_tok_s"} <= set(row)
+    assert {"ours_baseline_tok_s", "ours_speculative_tok_s", "hf_generate_tok_s", "hf_assisted_tok_s",
+            "hf_assisted_default_tok_s"} <= set(row)
+    assert ("same_algorithm", 3, 3, "constant", 0.0) in seen
+    assert ("default", 1, None, None, None) in seen
 
 
 def test_baseline_summary_averages_each_temperatures_rows():
@@ -85,4 +103,59 @@ def test_batch_scaling_decodes_the_same_rows_at_every_batch_size(monkeypatch):
 def test_bad_arguments_stop_before_any_model_loads(argv, message, capsys):
     with pytest.raises(SystemExit):
         bench.main(argv)
+    assert message in capsys.readouterr().err
+
+
+# --- shapes_bench: curves at synthetic acceptance ---------------------------------------------------------------
+
+
+def shapes_args(**overrides):
+    from experiments import shapes_bench
+
+    argv = ["--prompts", "2", "--prompt-tokens", "5", "--max-new-tokens", "12", "--repeats", "1", "--rounds", "1"]
+    return shapes_bench.parse_args(argv + [str(part) for item in overrides.items() for part in item])
+
+
+def test_shapes_bench_curves_measure_the_set_acceptance_beside_both_predictions():
+    from experiments import shapes_bench
+
+    pair = tiny_pair()
+    args = shapes_args()
+    clock = TickingClock()
+    with torch.inference_mode():
+        profile = shapes_bench.cost_profile(pair, "eager", 2, torch.tensor([[3, 4, 5, 6, 7]]), clock, repeats=1)
+        rows = shapes_bench.speculative_curves(pair, "eager", [0.0, 1.0], [1, 2], args, clock, profile)
+    assert [(row["acceptance"], row["k"]) for row in rows] == [(0.0, 1), (1.0, 1), (0.0, 2), (1.0, 2)]
+    for row in rows:  # a = 0 and a = 1 leave no randomness: exactly what was set
+        assert row["measured_acceptance"] == row["acceptance"]
+        cost_ratio = profile["draft"] / profile["target_1"]
+        assert row["predicted_leviathan"] == round(specdec.predicted_speedup(row["acceptance"], row["k"], cost_ratio), 2)
+        expected_tokens = row["k"] + 1 if row["acceptance"] == 1 else 1
+        verify = profile[f"target_{row['k'] + 1}"]
+        assert row["predicted_measured_costs"] == round(
+            expected_tokens * profile["target_1"] / (row["k"] * profile["draft"] + verify), 2)
+
+
+def test_shapes_bench_throughput_sweep_and_transformers_comparison_on_a_tiny_pair():
+    from experiments import shapes_bench
+
+    pair = tiny_pair()
+    args = shapes_args()
+    with torch.inference_mode():
+        sweep = shapes_bench.autoregressive_sweep(pair, ["eager"], [1, 3], args, TickingClock(), bandwidth=None)
+    assert [row["batch"] for row in sweep] == [1, 3] and all(row["eager_tok_s"] > 0 for row in sweep)
+    [row] = shapes_bench.transformers_comparison(pair, [2], args, TickingClock())
+    assert row["ours_equals_hf_assisted"] is True and row["ours_equals_hf_generate"] is True
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--acceptances", "0.5,1.5"], "--acceptances: expected comma-separated acceptances in [0, 1]"),
+    (["--modes", "eager,fast"], "--modes: expected comma-separated modes from eager, compiled"),
+    (["--ks", "0"], "--ks: expected an integer >= 1, got '0'"),
+])
+def test_shapes_bench_rejects_bad_arguments_before_loading(argv, message, capsys):
+    from experiments import shapes_bench
+
+    with pytest.raises(SystemExit):
+        shapes_bench.main(argv)
     assert message in capsys.readouterr().err

@@ -127,3 +127,46 @@ def test_finished_rows_leave_the_batch_and_greedy_results_stay_the_same(target, 
     assert len(retired.tokens[0]) <= 5 < max(map(len, retired.tokens))
     assert set(kept_widths) == {4}
     assert retired_widths == sorted(retired_widths, reverse=True) and retired_widths[-1] < 4
+
+
+def test_static_caches_are_pooled_across_calls_and_grow_when_a_call_needs_more(target, draft, monkeypatch):
+    """Compiled code guards on the cache tensors and CUDA graphs replay on their addresses: a later call of the
+    same model, role and batch size must get the same tensors back, emptied; one that needs more room gets a
+    larger cache, which replaces the pooled one. Results equal the dynamic layout's either way."""
+    import specdec.cache as cache_module
+
+    monkeypatch.setattr(cache_module, "STATIC_POOL", {})
+    ids, mask = left_pad(random_prompts([3, 8], seed=5))
+
+    def run(layout, max_new_tokens):
+        return decoder(target, draft, layout).generate(ids, mask, max_new_tokens=max_new_tokens)
+
+    def pooled_keys():  # the pooled key tensor of layer 0 per role (the tensor, not its address: memory is reused)
+        return {role: past.layers[0].keys for (_, role, _), (_, past, _) in cache_module.STATIC_POOL.items()}
+
+    first = run("static", 20)
+    addresses = pooled_keys()
+    assert set(addresses) == {"target", "draft"}
+    second = run("static", 20)
+    assert all(pooled_keys()[role] is addresses[role] for role in addresses)
+    assert second.tokens == first.tokens == run("dynamic", 20).tokens
+    longer = run("static", 400)  # needs more than the first capacity (rounded up to 256 slots)
+    assert pooled_keys()["target"] is not addresses["target"]
+    assert pooled_keys()["target"].shape[2] > addresses["target"].shape[2]
+    assert longer.tokens == run("dynamic", 400).tokens
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [1, 3])
+def test_compiled_path_gives_the_eager_greedy_tokens(target, draft, k):
+    """torch.compile (inductor on CPU; CUDA graphs on CUDA) over static caches: the same greedy tokens as eager,
+    speculative and baseline, on a ragged batch, for several calls in a row (pooled caches, compiled shapes)."""
+    for seed in range(2):
+        ids, mask = left_pad(random_prompts([5, 9, 2], seed=seed))
+        for drafter in (lambda compile: specdec.ModelDrafter(draft, compile=compile), lambda compile: None):
+            outputs = [
+                specdec.Decoder(target, drafter(compile), specdec.Greedy(), specdec.FixedLength(k), compile=compile)
+                .generate(ids, mask, max_new_tokens=24).tokens
+                for compile in (False, True)
+            ]
+            assert outputs[0] == outputs[1]

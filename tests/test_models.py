@@ -5,6 +5,8 @@ import torch
 from tokenizers import ByteLevelBPETokenizer
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
+import specdec
+
 from specdec.models import (EMBEDDED_DIR, PRESETS, ModelPair, ModelUnavailableError, load_pair, resolve_device,
                             resolve_dtype, resolve_pair_ids)
 
@@ -127,3 +129,48 @@ def test_embedded_draft_and_target_share_the_tokenizer(embedded):
     assert loaded.get_vocab() == embedded.tokenizer.get_vocab() and len(loaded) == 8192
     assert embedded.draft.config.eos_token_id == embedded.target.config.eos_token_id == loaded.eos_token_id
     assert embedded.draft.config.n_embd < embedded.target.config.n_embd
+
+
+# --- the canonical pairs' shapes, offline ------------------------------------------------------------------------
+
+# The hub's configurations of the four GPT-2 sizes (config.json of gpt2, gpt2-medium, gpt2-large, gpt2-xl).
+HUB_GPT2 = {"gpt2": (12, 768, 12), "gpt2-medium": (24, 1024, 16), "gpt2-large": (36, 1280, 20), "gpt2-xl": (48, 1600, 25)}
+
+
+@pytest.mark.parametrize("size", list(HUB_GPT2))
+def test_shaped_configs_are_the_hub_configurations(size):
+    from transformers import GPT2Config
+
+    from specdec.models import GPT2_SHAPES
+
+    config = GPT2Config(**GPT2_SHAPES[size])
+    assert (config.n_layer, config.n_embd, config.n_head) == HUB_GPT2[size]
+    assert (config.vocab_size, config.n_positions, config.activation_function, config.layer_norm_epsilon) == (
+        50257, 1024, "gelu_new", 1e-5)
+    assert config.n_inner is None and config.bos_token_id == config.eos_token_id == 50256
+
+
+def test_gpt2_tokenizer_is_the_real_one_offline():
+    from specdec.models import gpt2_tokenizer
+
+    tokenizer = gpt2_tokenizer()
+    assert tokenizer("Hello world").input_ids == [15496, 995]
+    assert len(tokenizer) == 50257 and tokenizer.eos_token_id == 50256
+    text = " The café's 3 \u00e9l\u00e8ves\n\ncost $4.50."
+    assert tokenizer.decode(tokenizer(text).input_ids) == text
+
+
+def test_shaped_pair_loads_offline_with_the_presets_options():
+    """The smallest preset built for real (the others differ only in the target's shape, checked above)."""
+    pair = specdec.load_pair("gpt2-medium-shaped", device="cpu", dtype="bfloat16")
+    assert (pair.draft.config.n_layer, pair.target.config.n_layer, pair.target.config.n_embd) == (12, 24, 1024)
+    assert pair.draft.dtype == pair.target.dtype == torch.bfloat16 and not pair.target.training
+    assert pair.tokenizer.padding_side == "left" and pair.tokenizer.pad_token_id == 50256
+    ids = pair.tokenizer(["Hello world"], return_tensors="pt").input_ids
+    out = specdec.generate(pair.target, ids, draft=pair.draft, strategy="synthetic", k=2, max_new_tokens=3)
+    assert len(out.tokens[0]) == 3
+
+
+def test_shaped_presets_take_no_model_ids():
+    with pytest.raises(ValueError, match="preset 'gpt2-xl-shaped' builds random-weight models and takes no draft="):
+        specdec.load_pair("gpt2-xl-shaped", draft="gpt2")

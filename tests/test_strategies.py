@@ -4,7 +4,9 @@ import math
 
 import pytest
 import torch
+from conftest import hf_greedy, left_pad, random_prompts
 
+import specdec
 from specdec.sampling import SamplingConfig, greedy_choice, logits_to_probs, one_hot_probs, usable
 from specdec.strategies import Greedy, Speculative, TopK, Typical, greedy_verdict, make_strategy
 
@@ -153,3 +155,49 @@ def test_sampling_transform_matches_hand_computation():
 def test_sampling_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingConfig(**kwargs)
+
+
+# --- synthetic acceptance (benchmarks at a controlled acceptance) -------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("acceptance", [0.3, 0.8])
+def test_synthetic_acceptance_is_accepted_at_its_rate_through_the_loop(target, draft, temperature, acceptance):
+    """Pooled over every verified draft position of a few hundred drafts, the acceptance frequency is within 4.5
+    binomial standard deviations of the set rate, whatever the tokens (the draft and target are unrelated)."""
+    ids, mask = left_pad(random_prompts([4, 7, 5, 6], seed=8))
+    decoder = specdec.Decoder(target, specdec.ModelDrafter(draft), specdec.SyntheticAcceptance(acceptance),
+                              specdec.FixedLength(4), specdec.SamplingConfig(temperature=temperature))
+    out = decoder.generate(ids, mask, max_new_tokens=60, seed=1)
+    attempts = sum(sum(row.position_attempts) for row in out.stats.rows)
+    accepts = sum(sum(row.position_accepts) for row in out.stats.rows)
+    assert attempts >= 200
+    sigma = (acceptance * (1 - acceptance) / attempts) ** 0.5
+    assert abs(accepts / attempts - acceptance) < 4.5 * sigma
+
+
+def test_synthetic_acceptance_at_temperature_0_judges_token_ids_and_emits_the_targets_argmax(target, draft,
+                                                                                             monkeypatch):
+    """At temperature 0 no one-hot distributions are built and the strategy's probability path never runs; with
+    acceptance 0 every draft is rejected, so the output is the target's own greedy decoding."""
+    import specdec.decode as decode_module
+
+    def refuse(*args):
+        raise AssertionError("built one-hot distributions at temperature 0")
+
+    monkeypatch.setattr(decode_module, "one_hot_probs", refuse)
+    monkeypatch.setattr(specdec.SyntheticAcceptance, "__call__", refuse)
+    prompt = random_prompts([6], seed=4)[0]
+    decoder = specdec.Decoder(target, specdec.ModelDrafter(draft), specdec.SyntheticAcceptance(0.0),
+                              specdec.FixedLength(3))
+    out = decoder.generate(torch.tensor([prompt]), None, max_new_tokens=12)
+    assert out.stats.accepted == 0 and out.stats.drafted > 0
+    assert out.tokens[0] == hf_greedy(target, prompt, 12)
+
+
+def test_synthetic_acceptance_is_lossy_and_checks_its_rate():
+    assert specdec.SyntheticAcceptance(0.5).lossless is False
+    assert specdec.make_strategy("synthetic", acceptance=0.6).name == "synthetic"
+    for bad, error in ((1.5, ValueError), (-0.1, ValueError), ("0.5", TypeError), (True, TypeError)):
+        with pytest.raises(error, match=f"synthetic acceptance must be .*got {bad!r}"):
+            specdec.SyntheticAcceptance(bad)
