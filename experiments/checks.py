@@ -51,6 +51,7 @@ RULES: list[tuple[str, Callable[[object], bool], str]] = [
     ("num_prompts", optional(int_at_least(1)), "an integer >= 1, or null for all prompts"),
     ("threads", optional(int_at_least(1)), "an integer >= 1, or null for torch's default"),
     ("stop_at_eos", lambda v: isinstance(v, bool), "true or false"),
+    ("compile", lambda v: isinstance(v, bool), "true or false"),
     ("group", lambda v: v is None or isinstance(v, str), "a string, or null for the sweep/run directory name"),
     ("resume", lambda v: isinstance(v, (bool, str)), "true, false, or a run directory path"),
     ("draft_length.k", int_at_least(1), "an integer >= 1"),

@@ -3,6 +3,7 @@
     <run_dir>/config.yaml   resolved config, written before the first prompt
     <run_dir>/rows.jsonl    one JSON object per prompt, flushed as each prompt finishes
     <run_dir>/summary.json  written at the end; its absence marks a partial (killed) run
+    <run_dir>/rows.set-aside.jsonl   lines of rows.jsonl that did not parse, moved aside on resume (rarely present)
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import yaml
@@ -18,6 +20,8 @@ from analysis.summarize import confidence_interval
 from experiments.checks import ConfigError
 
 CONFIG, ROWS, SUMMARY = "config.yaml", "rows.jsonl", "summary.json"
+SET_ASIDE = "rows.set-aside.jsonl"  # pieces of rows.jsonl that did not parse, moved here by ``recover_rows``
+HYDRA_OWN_FILES = {".hydra", "run.log"}  # what Hydra writes into a run directory before the job starts
 # Keys that may differ between a run and its resumption.
 RESUME_FREE_KEYS = ("resume", "group")
 # Metrics summarised as mean and 95% CI over prompts.
@@ -37,14 +41,21 @@ def finite_or_none(value):
 
 
 class RowWriter:
-    """Appends rows to rows.jsonl, one line each, flushed and fsynced so a killed run loses nothing written."""
+    """Appends rows to rows.jsonl. Each row reaches the file as one write of its line and newline, then is flushed
+    and fsynced before the next prompt starts: a killed run loses at most the row being written, and a torn line
+    can only be the last one."""
 
     def __init__(self, run_dir: Path):
         self.path = run_dir / ROWS
-        self.file = open(self.path, "a", encoding="utf-8")
+        self.file = open(self.path, "a+b")
+        if self.file.tell() > 0:
+            self.file.seek(-1, os.SEEK_END)
+            if self.file.read(1) != b"\n":  # a last row that lost its newline: the next row must not join it
+                self.file.write(b"\n")
 
     def write(self, row: dict) -> None:
-        self.file.write(json.dumps({k: finite_or_none(v) for k, v in row.items()}) + "\n")
+        line = json.dumps({k: finite_or_none(v) for k, v in row.items()}) + "\n"
+        self.file.write(line.encode("utf-8"))
         self.file.flush()
         os.fsync(self.file.fileno())
 
@@ -52,22 +63,69 @@ class RowWriter:
         self.file.close()
 
 
+def parse_line(line: str) -> tuple[list[dict], list[str]]:
+    """The rows on one line of rows.jsonl, and the pieces of it that do not parse. A line can hold more than one
+    row: a row that lost its newline had the next one appended to it. After a piece that does not parse, parsing
+    resumes at the next "{", so a torn row never takes an intact one with it."""
+    decoder, rows, unparsed, text = json.JSONDecoder(), [], [], line.strip()
+    position = 0
+    while position < len(text):
+        try:
+            row, end = decoder.raw_decode(text, position)
+            if not isinstance(row, dict):
+                raise ValueError("a row is a JSON object")
+        except ValueError:
+            following = text.find("{", position + 1)
+            end = following if following != -1 else len(text)
+            unparsed.append(text[position:end].strip())
+            position = end
+            continue
+        rows.append(row)
+        position = len(text) - len(text[end:].lstrip())
+    return rows, unparsed
+
+
+def parse_rows(text: str) -> tuple[list[dict], list[str]]:
+    """Every row in rows.jsonl text, and the pieces of lines that do not parse."""
+    rows, unparsed = [], []
+    for line in text.splitlines():
+        line_rows, line_unparsed = parse_line(line)
+        rows += line_rows
+        unparsed += line_unparsed
+    return rows, unparsed
+
+
 def read_rows(run_dir: Path) -> list[dict]:
-    """Rows already written; a half-written last line (killed mid-write) is dropped and rewritten on resume."""
+    """The rows written so far (pieces that do not parse are skipped; ``recover_rows`` sets them aside)."""
+    path = run_dir / ROWS
+    return parse_rows(path.read_text(encoding="utf-8"))[0] if path.exists() else []
+
+
+def recover_rows(run_dir: Path) -> tuple[list[dict], int]:
+    """Before rows are appended to an existing rows.jsonl: rewrite it as one row per line, keeping every row that
+    parses (also two rows merged on one line), and move every piece that does not parse to rows.set-aside.jsonl.
+    Returns the rows and the number of pieces set aside. The file is replaced atomically, so a kill leaves either
+    the old file or the new one."""
     path = run_dir / ROWS
     if not path.exists():
-        return []
-    rows, lines = [], path.read_text(encoding="utf-8").splitlines(keepends=True)
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number != len(lines):
-                raise ValueError(f"{path}:{number}: not valid JSON; fix or move the file before resuming") from None
-            path.write_text("".join(lines[: number - 1]), encoding="utf-8")  # drop the torn tail
-    return rows
+        return [], 0
+    text = path.read_text(encoding="utf-8")
+    rows, unparsed = parse_rows(text)
+    clean = "".join(json.dumps(row) + "\n" for row in rows)
+    if unparsed:
+        with open(run_dir / SET_ASIDE, "a", encoding="utf-8") as side:
+            side.write("".join(piece + "\n" for piece in unparsed))
+    if clean != text:
+        staging = path.with_suffix(".jsonl.tmp")
+        staging.write_text(clean, encoding="utf-8")
+        os.replace(staging, path)
+    return rows, len(unparsed)
+
+
+def remove_if_only_hydra_files(run_dir: Path) -> None:
+    """Delete a run directory that holds nothing but what Hydra wrote before the job started."""
+    if run_dir.is_dir() and {entry.name for entry in run_dir.iterdir()} <= HYDRA_OWN_FILES:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def comparable(config: dict) -> dict:

@@ -40,6 +40,7 @@ class Job:
     default_group: str  # group when the config leaves it null: the sweep directory name, or the run directory name
     choices: dict  # config group -> chosen option name, e.g. {"sampling": "t1"}
     search_root: Path  # where resume=true looks for unfinished runs
+    in_sweep: bool = False  # a job of a -m sweep: incompatible settings skip it; a single run fails instead
 
 
 def job_from_hydra() -> Job:
@@ -51,7 +52,7 @@ def job_from_hydra() -> Job:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     if hydra_cfg.mode == RunMode.MULTIRUN:
         sweep_dir = Path(hydra_cfg.sweep.dir)
-        return Job(run_dir, sweep_dir.name, dict(hydra_cfg.runtime.choices), sweep_dir.parent)
+        return Job(run_dir, sweep_dir.name, dict(hydra_cfg.runtime.choices), sweep_dir.parent, in_sweep=True)
     return Job(run_dir, run_dir.name, dict(hydra_cfg.runtime.choices), run_dir.parent)
 
 
@@ -72,20 +73,22 @@ def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = No
     ``after_row`` is called with each row once it is on disk (tests use it to simulate a kill).
     """
     skip_reason = validate(cfg)
+    if skip_reason and not job.in_sweep:
+        raise ConfigError(f"{skip_reason} (a sweep skips such a job; a single run refuses it)")
     config = resolved(cfg)
     out_dir, note = results.results_dir(config["resume"], job.run_dir, job.search_root, config)
+    if out_dir.resolve() != job.run_dir.resolve():
+        results.remove_if_only_hydra_files(job.run_dir)  # resuming elsewhere: no stray empty run directory
     if skip_reason:
         print(f"skipping job: {skip_reason}", file=sys.stderr)
         out_dir.mkdir(parents=True, exist_ok=True)
         results.write_json(out_dir / results.SUMMARY, {"status": "skipped", "reason": skip_reason})
         return None
-    if note:
-        print(note, file=sys.stderr)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
 
-    done_rows = results.read_rows(out_dir)
+    done_rows, set_aside = results.recover_rows(out_dir)
     run_id = done_rows[0]["run_id"] if done_rows else new_run_id(out_dir)
     group = done_rows[0]["group"] if done_rows else (cfg.group or job.default_group)
     config["group"] = group
@@ -96,6 +99,8 @@ def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = No
     check_prompt_ids(prompts)
     done = {row["prompt_id"] for row in done_rows}
     todo = [p for p in prompts if str(p.id) not in done]
+    if note or done_rows or set_aside:
+        print(resume_report(note or f"continuing {out_dir}", len(done_rows), set_aside, len(todo)), file=sys.stderr)
     setting = build_setting(cfg, job, group, run_id)
     logger = instantiate(cfg.logger)
     logger.start(run_id, group, run_name(setting.columns), config, out_dir)
@@ -112,6 +117,12 @@ def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = No
     finally:
         logger.finish(results.read_rows(out_dir), summary if not failed else {"status": "failed"}, failed)
     return summary
+
+
+def resume_report(note: str, kept: int, set_aside: int, left: int) -> str:
+    """One line saying what a resumed run found."""
+    aside = f", {set_aside} unreadable line piece(s) set aside in {results.SET_ASIDE}" if set_aside else ""
+    return f"{note}: {kept} row(s) kept{aside}, {left} prompt(s) left"
 
 
 def resolved(cfg: DictConfig) -> dict:
@@ -159,6 +170,7 @@ def build_setting(cfg: DictConfig, job: Job, group: str, run_id: str) -> Setting
         "data": cfg.data.source,
         "device": cfg.device,
         "dtype": cfg.dtype,
+        "compile": cfg.compile,
     }
     # Every other parameter of a swept group is its own column, e.g. strategy_lenience, strategy_n.
     for group_name in ("strategy", "draft_length", "drafter"):
@@ -183,9 +195,10 @@ def title(columns: dict, num_rows: int, out_dir: Path) -> str:
             f"sampling={columns['sampling']} ({num_rows} prompts)")
 
 
-def make_drafter(factory: Callable, pair) -> object:
-    """Complete the drafter constructor with the loaded models it asks for by name (model, target, tokenizer)."""
-    available = {"model": pair.draft, "target": pair.target, "tokenizer": pair.tokenizer}
+def make_drafter(factory: Callable, pair, compile: bool = False) -> object:
+    """Complete the drafter constructor with what it asks for by name: the loaded models (model, target,
+    tokenizer) and the run's ``compile`` switch."""
+    available = {"model": pair.draft, "target": pair.target, "tokenizer": pair.tokenizer, "compile": compile}
     parameters = inspect.signature(factory).parameters
     bound = getattr(factory, "keywords", {}) or {}
     return factory(**{name: value for name, value in available.items() if name in parameters and name not in bound})
@@ -202,9 +215,11 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
         dtype=str(next(pair.target.parameters()).dtype).removeprefix("torch."),
     )
     # The baseline gets its own policy object, so an adaptive policy never learns from k = 0 steps.
-    baseline = specdec.Decoder(pair.target, None, setting.strategy, instantiate(cfg.draft_length), setting.sampling)
+    baseline = specdec.Decoder(pair.target, None, setting.strategy, instantiate(cfg.draft_length), setting.sampling,
+                               compile=cfg.compile)
+    drafter = make_drafter(setting.drafter_factory, pair, cfg.compile)
     speculative = specdec.Decoder(
-        pair.target, make_drafter(setting.drafter_factory, pair), setting.strategy, setting.draft_length, setting.sampling
+        pair.target, drafter, setting.strategy, setting.draft_length, setting.sampling, compile=cfg.compile
     )
     eos = tokenizer.eos_token_id if cfg.stop_at_eos else None
     batches = [prompts[i : i + cfg.batch_size] for i in range(0, len(prompts), cfg.batch_size)]

@@ -151,11 +151,14 @@ class Decoder:
         self.strategy = strategy if strategy is not None else Speculative()
         self.draft_length = draft_length if draft_length is not None else FixedLength()
         self.sampling = sampling if sampling is not None else SamplingConfig()
+        check_parts(self.strategy, self.draft_length, self.sampling)
         if self.speculates and isinstance(self.strategy, Greedy) and not self.sampling.is_greedy:
             raise ValueError(
                 f"strategy 'greedy' decodes the target's argmax and needs temperature 0, got temperature="
                 f"{self.sampling.temperature}; use 'speculative' (lossless) or 'typical'/'topk' (lossy) to sample"
             )
+        for model in (target, *draft_models(self.drafter)):
+            check_eval_mode(model)
         self.judges_by_argmax = self.sampling.is_greedy and getattr(self.strategy, "greedy_at_point_masses", False)
         self.verdict_from_ids = getattr(self.strategy, "verdict_from_ids", None) if self.sampling.is_greedy else None
         limits = [context_limit(target)] + [context_limit(m) for m in draft_models(self.drafter)]
@@ -173,9 +176,14 @@ class Decoder:
             return self._generate(input_ids, attention_mask, max_new_tokens, eos_token_id, seed)
 
     def _generate(self, input_ids, attention_mask, max_new_tokens, eos_token_id, seed) -> GenerationOutput:
-        attention_mask = check_prompt(input_ids, attention_mask, self.context_limit)
+        vocab_size = self.target.config.vocab_size
+        attention_mask = check_prompt(input_ids, attention_mask, self.context_limit, vocab_size)
         check_max_new_tokens(max_new_tokens)
-        eos_ids = eos_tensor(eos_token_id, input_ids.device)
+        check_seed(seed)
+        eos_ids = eos_tensor(eos_token_id, input_ids.device, vocab_size)
+        # Padding is masked, but still goes through the embedding: an id outside the vocabulary there becomes 0.
+        outside = (input_ids < 0) | (input_ids >= vocab_size)  # [B, T], only padding after check_prompt
+        input_ids = input_ids.masked_fill(outside, 0)
         return DecodeRun(self, input_ids, attention_mask, max_new_tokens, eos_ids, seed).run()
 
 
@@ -427,8 +435,32 @@ class DecodeRun:
         return GenerationOutput(tokens, stats)
 
 
-def check_prompt(input_ids, attention_mask, limit: int | None) -> torch.Tensor:
-    """Validate a [B, T] left-padded prompt batch and return its attention mask."""
+def check_parts(strategy: object, draft_length: object, sampling: object) -> None:
+    """Wrong objects fail here, naming the argument, rather than deep inside a step."""
+    if not callable(strategy):
+        raise TypeError(f"strategy must be an acceptance strategy (specdec.Speculative(), ...), got {strategy!r}")
+    if not all(hasattr(draft_length, name) for name in ("start", "next_k", "observe", "max_k")):
+        raise TypeError(f"draft_length must be a draft-length policy (specdec.FixedLength(4), ...), got {draft_length!r}")
+    if not isinstance(sampling, SamplingConfig):
+        raise TypeError(f"sampling must be a specdec.SamplingConfig, got {sampling!r}")
+
+
+def check_eval_mode(model: torch.nn.Module) -> None:
+    """A model in training mode runs dropout: every forward draws different tokens, silently."""
+    if model.training:
+        name = getattr(model.config, "name_or_path", "") or type(model).__name__
+        raise ValueError(f"model {name!r} is in training mode (dropout active); call model.eval() before decoding")
+
+
+def check_seed(seed: object) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an integer, got {seed!r} ({type(seed).__name__})")
+
+
+def check_prompt(input_ids, attention_mask, limit: int | None, vocab_size: int | None = None) -> torch.Tensor:
+    """Validate a [B, T] left-padded prompt batch (ids in [0, vocab_size) where it is known, checked before any
+    forward: on a GPU an out-of-range id is a device-side assert that kills the CUDA context) and return its
+    attention mask."""
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.LongTensor of shape [B, T], got {type(input_ids).__name__}")
     if input_ids.dtype not in (torch.long, torch.int):
@@ -444,15 +476,21 @@ def check_prompt(input_ids, attention_mask, limit: int | None) -> torch.Tensor:
         raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {shape}")
     if attention_mask.device != input_ids.device:
         raise ValueError(f"attention_mask is on {attention_mask.device} but input_ids on {input_ids.device}")
-    attention_mask = attention_mask.long()
     if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
-        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+        bad = attention_mask[(attention_mask != 0) & (attention_mask != 1)].flatten()[0].item()
+        raise ValueError(f"attention_mask must hold only 0 (padding) and 1 (token), got {bad!r}")
+    attention_mask = attention_mask.long()
     if bool((attention_mask.diff(dim=-1) < 0).any()):
         raise ValueError("attention_mask must be left-padded (zeros before ones in every row); got right padding")
     lengths = attention_mask.sum(-1)
     if bool((lengths == 0).any()):
         rows = (lengths == 0).nonzero().flatten().tolist()
         raise ValueError(f"empty prompt in batch rows {rows}: every row needs at least one token")
+    if vocab_size is not None:
+        real = input_ids[attention_mask.bool()]  # padding may hold anything: it is never fed as a token
+        if bool(((real < 0) | (real >= vocab_size)).any()):
+            bad = real[(real < 0) | (real >= vocab_size)][0].item()
+            raise ValueError(f"input_ids holds token id {bad}, outside the target's vocabulary [0, {vocab_size})")
     if limit is not None and int(lengths.max()) >= limit:
         raise ValueError(
             f"prompt of {int(lengths.max())} tokens is at or beyond the context limit of {limit} positions; "
@@ -466,10 +504,13 @@ def check_max_new_tokens(max_new_tokens: object) -> None:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
 
 
-def eos_tensor(eos_token_id, device: torch.device) -> torch.Tensor | None:
+def eos_tensor(eos_token_id, device: torch.device, vocab_size: int | None = None) -> torch.Tensor | None:
     if eos_token_id is None:
         return None
     ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
     if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
         raise ValueError(f"eos_token_id must be a token id, a list of token ids, or None; got {eos_token_id!r}")
+    if vocab_size is not None and max(ids) >= vocab_size:
+        raise ValueError(f"eos_token_id {max(ids)} is outside the target's vocabulary [0, {vocab_size}): it could "
+                         f"never be emitted")
     return torch.tensor(ids, dtype=torch.long, device=device)

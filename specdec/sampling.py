@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import torch
 
 
@@ -21,8 +23,12 @@ class SamplingConfig:
     min_p: float | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature!r}")
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be >= 0 and finite (0 means greedy), got {self.temperature!r}")
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1):
             raise ValueError(f"top_k must be an integer >= 1 or None, got {self.top_k!r}")
         if self.top_p is not None and not 0 < self.top_p <= 1:

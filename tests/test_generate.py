@@ -86,6 +86,21 @@ BAD_INPUTS = [
     ({"input_ids": torch.ones(1, 4, dtype=torch.long, device="meta")}, ValueError, "input_ids is on meta"),
     ({"draft": "gpt2"}, TypeError, "draft must be a causal LM, a Drafter, or None; got str"),
     ({"cache_layout": "paged"}, ValueError, "unknown cache layout 'paged'; known layouts: dynamic, static"),
+    # Reliability pass: each of these used to fail deep inside torch, or not at all.
+    ({"input_ids": torch.tensor([[1, 2, 97, 4]])}, ValueError, r"token id 97, outside the target's vocabulary \[0, 97\)"),
+    ({"input_ids": torch.tensor([[1, -2, 3, 4]])}, ValueError, r"token id -2, outside the target's vocabulary"),
+    ({"temperature": float("inf")}, ValueError, "temperature must be >= 0 and finite .* got inf"),
+    ({"temperature": float("nan")}, ValueError, "temperature must be >= 0 and finite .* got nan"),
+    ({"temperature": "1"}, TypeError, "temperature must be a number, got '1'"),
+    ({"top_p": "0.9"}, TypeError, "top_p must be a number, got '0.9'"),
+    ({"seed": "x"}, TypeError, "seed must be an integer, got 'x'"),
+    ({"seed": 1.5}, TypeError, "seed must be an integer, got 1.5"),
+    ({"k": "x"}, ValueError, "k must be an integer >= 1, got 'x'"),
+    ({"draft_length": "x"}, TypeError, r"draft_length must be a draft-length policy .* got 'x'"),
+    ({"eos_token_id": 97}, ValueError, r"eos_token_id 97 is outside the target's vocabulary \[0, 97\)"),
+    ({"eos_token_id": [3, 500]}, ValueError, r"eos_token_id 500 is outside the target's vocabulary"),
+    ({"attention_mask": torch.tensor([[0.5, 1.0, 1.0, 1.0]])}, ValueError, "only 0 .* and 1 .* got 0.5"),
+    ({"attention_mask": torch.tensor([[2, 1, 1, 1]])}, ValueError, "only 0 .* and 1 .* got 2"),
 ]
 
 
@@ -99,6 +114,25 @@ def test_bad_input_is_rejected_before_any_forward_pass(target, draft, override, 
     finally:
         counter.remove()
     assert counter.calls == 0
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_a_model_in_training_mode_is_refused_by_name(target, draft, role):
+    """Dropout would draw different tokens on every call, silently: refuse, naming the model and the fix."""
+    model = {"target": target, "draft": draft}[role]
+    model.train()
+    try:
+        with pytest.raises(ValueError, match=r"model 'GPT2LMHeadModel' is in training mode .* call model.eval\(\)"):
+            specdec.generate(target, torch.tensor([[1, 2, 3]]), draft=draft)
+    finally:
+        model.eval()
+
+
+def test_padding_may_hold_any_id_but_real_tokens_may_not():
+    """Only tokens the mask marks real are fed; padding ids outside the vocabulary are harmless."""
+    target = tiny_gpt2(0, layers=1)
+    ids, mask = torch.tensor([[500, 1, 2]]), torch.tensor([[0, 1, 1]])
+    assert len(specdec.generate(target, ids, attention_mask=mask, max_new_tokens=3).tokens[0]) == 3
 
 
 def test_draft_with_another_vocabulary_is_rejected(target):
