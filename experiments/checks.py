@@ -7,6 +7,7 @@ A setting that is valid but meaningless in a sweep (greedy verification while sa
 
 from __future__ import annotations
 
+import inspect
 from numbers import Real
 from typing import Callable
 
@@ -63,6 +64,7 @@ RULES: list[tuple[str, Callable[[object], bool], str]] = [
     ("strategy.epsilon", lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
     ("strategy.delta", lambda v: is_number(v) and v > 0, "a number > 0"),
     ("strategy.n", int_at_least(1), "an integer >= 1"),
+    ("drafter.num_layers", int_at_least(1), "an integer >= 1 (and at most the target's layers)"),
     ("logger.mode", lambda v: v in WANDB_MODES, f"one of {', '.join(WANDB_MODES)}"),
 ]
 
@@ -105,12 +107,21 @@ def build_model_free(cfg: DictConfig) -> dict[str, object]:
     for group in MODEL_FREE_GROUPS:
         try:
             objects[group] = instantiate(cfg[group])
+            if group == "drafter":
+                complete_if_model_free(objects[group])
         except InstantiationException as err:
             cause = err.__cause__ if err.__cause__ is not None else err
             raise ConfigError(f"{group}: {one_line(cause)}") from None
         except (ValueError, TypeError) as err:
             raise ConfigError(f"{group}: {one_line(err)}") from None
     return objects
+
+
+def complete_if_model_free(factory) -> None:
+    """Build a drafter that needs no loaded model (e.g. n-gram) once, so its constructor checks its settings now."""
+    parameters = inspect.signature(factory.func).parameters
+    if not any(name in parameters and name not in factory.keywords for name in ("model", "target", "tokenizer")):
+        factory()
 
 
 def one_line(err: BaseException) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -29,7 +30,7 @@ from tqdm import tqdm
 import specdec
 from experiments import results
 from specdec.api import model_device
-from experiments.checks import ConfigError, build_model_free, validate
+from experiments.checks import ConfigError, build_model_free, one_line, validate
 
 
 @dataclass
@@ -84,6 +85,7 @@ def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = No
         out_dir.mkdir(parents=True, exist_ok=True)
         results.write_json(out_dir / results.SUMMARY, {"status": "skipped", "reason": skip_reason})
         return None
+    prompts = load_checked_prompts(cfg)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -95,8 +97,6 @@ def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = No
     out_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create(config), out_dir / results.CONFIG)
 
-    prompts = instantiate(cfg.data)
-    check_prompt_ids(prompts)
     done = {row["prompt_id"] for row in done_rows}
     todo = [p for p in prompts if str(p.id) not in done]
     if note or done_rows or set_aside:
@@ -138,13 +138,21 @@ def new_run_id(out_dir: Path) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
-def check_prompt_ids(prompts) -> None:
+def load_checked_prompts(cfg: DictConfig) -> list:
+    """The run's prompts, read and checked before any model loads: every problem is a one-line ConfigError."""
+    source = cfg.data.source
+    try:
+        prompts = instantiate(cfg.data)
+    except InstantiationException as err:
+        raise ConfigError(f"data.source={source!r}: {one_line(err.__cause__ or err)}") from None
     ids = [str(p.id) for p in prompts]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
-        raise ValueError(f"prompt ids must be unique (resume keys on them); repeated: {', '.join(duplicates[:5])}")
+        raise ConfigError(f"data.source={source!r}: prompt ids must be unique (resume keys on them); repeated: "
+                          f"{', '.join(duplicates[:5])}")
     if not prompts:
-        raise ValueError("the prompt set is empty")
+        raise ConfigError(f"data.source={source!r}: the prompt set is empty (no prompts, or num_prompts=0)")
+    return prompts
 
 
 def build_setting(cfg: DictConfig, job: Job, group: str, run_id: str) -> Setting:
@@ -217,7 +225,10 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
     # The baseline gets its own policy object, so an adaptive policy never learns from k = 0 steps.
     baseline = specdec.Decoder(pair.target, None, setting.strategy, instantiate(cfg.draft_length), setting.sampling,
                                compile=cfg.compile)
-    drafter = make_drafter(setting.drafter_factory, pair, cfg.compile)
+    try:  # what needs the loaded models (e.g. layers the target has) fails here, before any decoding
+        drafter = make_drafter(setting.drafter_factory, pair, cfg.compile)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"drafter: {one_line(err)}") from None
     speculative = specdec.Decoder(
         pair.target, drafter, setting.strategy, setting.draft_length, setting.sampling, compile=cfg.compile
     )

@@ -51,6 +51,8 @@ def read_jsonl(path: Path) -> list[Prompt]:
             raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise ValueError(f"{path}:{lineno}: expected an object with a string 'text' field")
+        if not record["text"].strip():
+            raise ValueError(f"{path}:{lineno}: empty 'text': a prompt needs at least one token")
         prompts.append(Prompt(id=str(record.get("id", f"{path.stem}-{len(prompts):03d}")), text=record["text"]))
     return prompts
 

@@ -213,6 +213,70 @@ def test_killed_run_resumes_each_prompt_exactly_once(tiny, tmp_path, how):
     assert (first_dir / "summary.json").exists() and not (second_dir / "rows.jsonl").exists() or second_dir == first_dir
 
 
+def damage_lost_newline(path: Path) -> None:
+    path.write_text(path.read_text().rstrip("\n"))  # an intact last row without its newline (kill, editor, copy)
+
+
+def damage_corrupt_middle_line(path: Path) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + '{"run_id": "garbled\n' + lines[1])
+
+
+def damage_merged_rows(path: Path) -> None:
+    path.write_text(path.read_text().replace("}\n", "}", 1))  # the first two rows on one line
+
+
+@pytest.mark.parametrize("damage, kept, set_aside", [
+    (damage_lost_newline, 2, 0), (damage_corrupt_middle_line, 2, 1), (damage_merged_rows, 2, 0),
+])
+def test_resume_keeps_every_row_that_parses(tiny, tmp_path, capsys, damage, kept, set_aside):
+    """A damaged rows.jsonl loses no row: rows that parse are kept (two on one line included), what does not
+    parse is set aside in a side file, the resume says what it found, and every prompt ends up decoded once."""
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(tiny, num_prompts=4, max_new_tokens=4, warmup=0)
+    cfg, job = compose_run(overrides, run_dir)
+    with pytest.raises(Killed):
+        runner.run(cfg, job, after_row=kill_after(2))
+    damage(run_dir / "rows.jsonl")
+    capsys.readouterr()
+    cfg, job = compose_run(overrides, run_dir)
+    summary = runner.run(cfg, job)
+    rows = rows_of(run_dir)
+    assert sorted(row["prompt_id"] for row in rows) == ["p0", "p1", "p2", "p3"] and summary["status"] == "complete"
+    report = [line for line in capsys.readouterr().err.splitlines() if "row(s) kept" in line]
+    assert len(report) == 1 and f"{kept} row(s) kept" in report[0] and "2 prompt(s) left" in report[0]
+    side = run_dir / "rows.set-aside.jsonl"
+    if set_aside:
+        assert side.read_text() == '{"run_id": "garbled\n' and "1 unreadable line piece(s) set aside" in report[0]
+    else:
+        assert not side.exists()
+
+
+def test_resume_elsewhere_removes_the_run_directory_hydra_made(tiny, tmp_path):
+    """resume=true continues another directory; the new one Hydra created (its .hydra/ and run.log) goes."""
+    first_dir, second_dir = tmp_path / "outputs" / "first", tmp_path / "outputs" / "second"
+    overrides = tiny_overrides(tiny, num_prompts=3, max_new_tokens=4, warmup=0)
+    cfg, job = compose_run(overrides, first_dir)
+    with pytest.raises(Killed):
+        runner.run(cfg, job, after_row=kill_after(1))
+    (second_dir / ".hydra").mkdir(parents=True)
+    (second_dir / "run.log").write_text("")
+    cfg, job = compose_run([*overrides, "resume=true"], second_dir)
+    runner.run(cfg, job)
+    assert not second_dir.exists() and len(rows_of(first_dir)) == 3
+
+
+def test_single_run_with_incompatible_settings_fails_with_exit_2(tiny, tmp_path, monkeypatch, capsys, loads):
+    """Skipping is for sweeps; a single run that cannot decode anything is an error, before any model loads."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main([*tiny_overrides(tiny, num_prompts=1), "strategy=greedy", "sampling=t1", f"hydra.run.dir={run_dir}"],
+             monkeypatch)
+    assert exit_info.value.code == 2 and loads["pair"] == 0
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("config error")]
+    assert "strategy=greedy" in line and "temperature" in line and "a single run refuses it" in line
+
+
 def test_resume_true_without_an_unfinished_run_starts_fresh(tiny, tmp_path, capsys):
     run_dir = tmp_path / "outputs" / "new"
     cfg, job = compose_run([*tiny_overrides(tiny, num_prompts=1, max_new_tokens=4, warmup=0), "resume=true"], run_dir)
@@ -248,6 +312,9 @@ BAD = [
     (["strategy=typical", "strategy.delta=-1"], "strategy.delta=-1"),
     (["logger=wandb", "logger.mode=sometimes"], "logger.mode='sometimes'"),
     (["resume=/no/such/run"], "resume='/no/such/run'"),
+    (["drafter=ngram", "drafter.max_ngram=0"], "max_ngram must be an integer >= 1, got 0"),
+    (["drafter=ngram", "drafter.min_ngram=5"], "drafter:"),
+    (["drafter=early_exit", "drafter.num_layers=0"], "drafter.num_layers=0"),
 ]
 if not torch.cuda.is_available():
     BAD.append((["device=cuda"], "device='cuda'"))
@@ -260,6 +327,30 @@ def test_bad_input_fails_in_one_line_before_any_model_loads(bad, named, tiny, tm
         runner.run(cfg, job)
     assert named in str(error.value) and "\n" not in str(error.value)
     assert loads == {"pair": 0, "prompts": 0} and not (tmp_path / "run" / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize("lines, named", [
+    (['{"id": "a", "text": "one"}', '{"id": "a", "text": "two"}'], "prompt ids must be unique (resume keys on them); repeated: a"),
+    ([], "the prompt set is empty"),
+    (['{"id": "a", "text": "  "}'], "empty 'text': a prompt needs at least one token"),
+    (['{"id": "a", "text": "fine"}', '{"id": "b", "text"'], "not valid JSON"),
+])
+def test_bad_prompt_files_fail_in_one_line_before_any_model_loads(lines, named, tiny, tmp_path, loads):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(line + "\n" for line in lines))
+    cfg, job = compose_run([*tiny_overrides(tiny), f"data.source={prompts}"], tmp_path / "run")
+    with pytest.raises(ConfigError) as error:
+        runner.run(cfg, job)
+    assert named in str(error.value) and str(prompts) in str(error.value) and "\n" not in str(error.value)
+    assert loads["pair"] == 0
+
+
+def test_early_exit_deeper_than_the_target_fails_in_one_line_right_after_loading(tiny, tmp_path, loads):
+    cfg, job = compose_run([*tiny_overrides(tiny), "drafter=early_exit", "drafter.num_layers=99"], tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"drafter: num_layers must be an integer in \[1, \d+\]") as error:
+        runner.run(cfg, job)
+    assert "\n" not in str(error.value) and loads["pair"] == 1
+    assert not (tmp_path / "run" / "rows.jsonl").exists() or not rows_of(tmp_path / "run")
 
 
 @pytest.mark.parametrize("bad,named", [(["draft_length.k=0"], "draft_length.k=0"),
