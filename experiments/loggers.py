@@ -40,7 +40,13 @@ class WandbLogger:
         mode: str = "offline",
         tags: list[str] | tuple[str, ...] = (),
         dir: str | None = None,  # noqa: A002 - wandb's own name for it
+        init_timeout: float = 15.0,
     ):
+        """``init_timeout``: seconds ``wandb.init`` may wait for its service or server (W&B's own default is 90,
+        which an unreachable server costs every run); past it W&B logging is off with one warning."""
+        if isinstance(init_timeout, bool) or not isinstance(init_timeout, (int, float)) or not init_timeout > 0:
+            raise ValueError(f"init_timeout must be a number of seconds > 0, got {init_timeout!r}")
+        self.init_timeout = float(init_timeout)
         self.project, self.entity, self.group, self.mode = project, entity, group, mode
         self.tags, self.dir = list(tags), dir
         self.run = None
@@ -65,7 +71,7 @@ class WandbLogger:
                 resume="allow",
                 reinit="finish_previous",
                 config=config,
-                settings=wandb.Settings(silent=True, console="off"),
+                settings=wandb.Settings(silent=True, console="off", init_timeout=self.init_timeout),
             )
             self.run.define_metric("prompt_index")
             self.run.define_metric("*", step_metric="prompt_index")

@@ -428,8 +428,31 @@ def test_wandb_failures_warn_once_and_the_run_goes_on(fail_on, tiny, tmp_path, m
         assert run.kwargs["group"] == "g1" and run.kwargs["mode"] == "offline" and run.kwargs["config"]["group"] == "g1"
         assert [step["prompt_index"] for step in run.logged[:3]] == [0, 1, 2] and "rows" in run.logged[3]
         assert run.summary["metrics/speedup/mean"] > 0 and run.finished
+        assert run.kwargs["settings"]["init_timeout"] == 15.0  # not W&B's 90 s: an unreachable server costs seconds
     else:
         assert len(ours) == 1 and fail_on in str(ours[0].message)
+
+
+def test_unreachable_wandb_server_costs_one_warning_and_the_run_goes_on(tmp_path, monkeypatch):
+    """A real wandb.init, online, against a closed local port with an API key set: within the bounded init
+    timeout W&B gives up, one warning says so, and the logger stays quiet afterwards."""
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    logger = WandbLogger(mode="online", init_timeout=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logger.start("unreachable1", "group", "name", {"a": 1}, tmp_path)
+        logger.log_row({"speedup": 1.0}, 0)
+        logger.finish([{"speedup": 1.0}], {"status": "complete"})
+    ours = [w for w in caught if issubclass(w.category, WandbWarning)]
+    assert len(ours) == 1 and "W&B init failed" in str(ours[0].message) and logger.failed
+
+
+@pytest.mark.parametrize("timeout", [0, -1, "10", True])
+def test_wandb_init_timeout_must_be_positive_seconds(timeout):
+    with pytest.raises(ValueError, match=f"init_timeout must be a number of seconds > 0, got {timeout!r}"):
+        WandbLogger(init_timeout=timeout)
 
 
 def test_wandb_logger_disabled_mode_needs_no_account(tmp_path):
