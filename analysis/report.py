@@ -18,7 +18,7 @@ import pandas as pd
 
 from analysis.load import PartialRunWarning, ResultsError, load_runs
 from analysis.plots import plot_acceptance, plot_per_position, plot_speedup, plot_throughput
-from analysis.summarize import format_value, setting_label, summarize_runs, varying_axes
+from analysis.summarize import MIN_PROMPTS_FOR_INTERVAL, format_value, setting_label, summarize_runs, varying_axes
 from analysis.tables import format_cell, pivot_metric, to_markdown
 
 PIVOT_METRICS = ("speedup", "acceptance_rate", "mean_accepted_length")
@@ -109,7 +109,9 @@ def fastest_sentence(summary: pd.DataFrame) -> str:
         runner_up = ranked.iloc[1]
         sentence += (f", {best['speedup_mean'] / runner_up['speedup_mean']:.2f}× the next best "
                      f"({label(runner_up, axes)}: {runner_up['speedup_mean']:.2f}×)")
-        if best["speedup_ci_low"] <= runner_up["speedup_ci_high"]:
+        if math.isnan(best["speedup_ci_low"]) or math.isnan(runner_up["speedup_ci_high"]):
+            sentence += "; without intervals (too few prompts) treat this ordering with caution"
+        elif best["speedup_ci_low"] <= runner_up["speedup_ci_high"]:
             sentence += "; their 95% CIs overlap, so treat this ordering with caution"
     return sentence + "."
 
@@ -117,7 +119,7 @@ def fastest_sentence(summary: pd.DataFrame) -> str:
 def ci_text(run: pd.Series, metric: str) -> str:
     low, high = run[f"{metric}_ci_low"], run[f"{metric}_ci_high"]
     if math.isnan(low):
-        return "95% CI undefined with one prompt"
+        return f"no 95% CI: fewer than {MIN_PROMPTS_FOR_INTERVAL} prompts"
     return f"95% CI {low:.2f}–{high:.2f}"
 
 
@@ -132,7 +134,8 @@ def summary_section(summary: pd.DataFrame) -> str:
     table["predicted speedup"] = summary["predicted_speedup"]
     table["prompts"] = summary["n_prompts"]
     table["partial"] = summary["partial"].map({True: "yes", False: ""})
-    return ("## Runs\n\nMean over prompts [95% Student t interval]; predicted speedup from the mean acceptance "
+    return ("## Runs\n\nMean over prompts [95% Student t interval, clipped to the metric's range; none with fewer "
+            f"than {MIN_PROMPTS_FOR_INTERVAL} prompts]; predicted speedup from the mean acceptance "
             "rate and cost ratio (Leviathan et al., 2023). All columns in `summary.csv`.\n\n"
             + to_markdown(table, index=False))
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis.summarize import confidence_interval
+from analysis.summarize import MIN_PROMPTS_FOR_INTERVAL, confidence_interval
 from experiments.checks import ConfigError
 
 CONFIG, ROWS, SUMMARY = "config.yaml", "rows.jsonl", "summary.json"
@@ -215,17 +215,18 @@ def finite_or_none_deep(data):
     return finite_or_none(data)
 
 
-def mean_ci(values: list) -> tuple[float, float, float, int]:
-    """(mean, low, high, n) over the finite values: the same 95% Student t interval as analysis/ reports."""
+def mean_ci(values: list, metric: str | None = None) -> tuple[float, float, float, int]:
+    """(mean, low, high, n) over the finite values: the same 95% Student t interval as analysis/ reports, clipped
+    to the metric's range, NaN bounds with too few prompts."""
     x = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    return (*confidence_interval(x), len(x))
+    return (*confidence_interval(x, metric=metric), len(x))
 
 
 def summarize(rows: list[dict]) -> dict:
     """Per metric: mean and 95% t interval over prompts; pooled totals as a cross-check."""
     metrics = {}
     for name in SUMMARY_METRICS:
-        mean, low, high, n = mean_ci([row.get(name) for row in rows])
+        mean, low, high, n = mean_ci([row.get(name) for row in rows], metric=name)
         metrics[name] = {"mean": mean, "ci_low": low, "ci_high": high, "n": n}
     total = lambda key: sum(row.get(key) or 0 for row in rows)  # noqa: E731
     drafted = total("drafted")
@@ -242,7 +243,8 @@ def format_table(summary: dict, title: str) -> str:
     """The run summary as a short fixed-width table."""
     lines = [title, f"{'metric':<22} {'mean':>9}   {'95% CI':<21} {'n':>4}"]
     for name, m in summary["metrics"].items():
-        ci = f"[{m['ci_low']:.3f}, {m['ci_high']:.3f}]" if m["n"] >= 2 else "n/a"
+        ci = (f"[{m['ci_low']:.3f}, {m['ci_high']:.3f}]" if m["n"] >= MIN_PROMPTS_FOR_INTERVAL
+              else f"n/a (< {MIN_PROMPTS_FOR_INTERVAL} prompts)")
         mean = f"{m['mean']:.3f}" if m["n"] else "n/a"
         lines.append(f"{name:<22} {mean:>9}   {ci:<21} {m['n']:>4}")
     return "\n".join(lines)

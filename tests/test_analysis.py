@@ -149,9 +149,20 @@ def test_confidence_interval_matches_hand_computation():
     mean, low, high = confidence_interval([0.6, 0.7, 0.9])
     assert mean == pytest.approx(2.2 / 3)
     assert (low, high) == (pytest.approx(2.2 / 3 - half), pytest.approx(2.2 / 3 + half))
-    assert confidence_interval([0.5, None, 0.7])[1] == pytest.approx(0.6 - 12.706204736174694 * 0.1)
+    mean, low, high = confidence_interval([0.5, None, 0.7])  # two prompts: t = 12.7, no interval worth printing
+    assert mean == pytest.approx(0.6) and math.isnan(low) and math.isnan(high)
     mean, low, high = confidence_interval([0.4])
     assert mean == 0.4 and math.isnan(low) and math.isnan(high)
+
+
+def test_confidence_interval_respects_the_metrics_range():
+    """Three spread-out acceptance rates: the raw t interval reaches below 0 and above 1; the reported one stops
+    at the range, and only for metrics that have one."""
+    values = [0.02, 0.5, 0.98]
+    mean, raw_low, raw_high = confidence_interval(values)
+    assert raw_low < 0 and raw_high > 1
+    assert confidence_interval(values, metric="acceptance_rate") == (mean, 0.0, 1.0)
+    assert confidence_interval([-1.0, 0.0, 4.0], metric="speedup")[1] == 0.0
 
 
 def test_summarize_runs(sweep):
@@ -167,8 +178,8 @@ def test_summarize_runs(sweep):
     assert typical4["speedup_mean"] == pytest.approx(1.9)
     assert typical4["speedup_ci_low"] == pytest.approx(1.9 - half)
     assert typical4["speedup_ci_high"] == pytest.approx(1.9 + half)
-    assert typical4["acceptance_rate_ci_high"] == pytest.approx(
-        2.2 / 3 + 4.302652729749462 * math.sqrt(0.07 / 3) / math.sqrt(3))
+    assert typical4["acceptance_rate_ci_high"] == pytest.approx(  # 1.11 by the t formula: clipped to the range
+        min(1.0, 2.2 / 3 + 4.302652729749462 * math.sqrt(0.07 / 3) / math.sqrt(3)))
     assert typical4["spec_tokens_per_s_mean"] == pytest.approx(50 * 1.9)
     assert typical4["per_position_acceptance"][:3] == pytest.approx([2.2 / 3] * 3)
     assert math.isnan(typical4["per_position_acceptance"][3])
