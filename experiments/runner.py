@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import transformers
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -214,6 +215,7 @@ def make_drafter(factory: Callable, pair, compile: bool = False) -> object:
 
 def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, total: int, logger, after_row) -> None:
     """Load the pair, warm up, then decode every prompt batch with both decoders and write its rows."""
+    transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bars say nothing a run needs
     pair = instantiate(cfg.pair)
     tokenizer = pair.tokenizer
     device = model_device(pair.target)
