@@ -478,3 +478,16 @@ def test_run_summary_prints_no_interval_for_two_prompts_and_clips_to_the_range()
     three = [{"acceptance_rate": value} for value in (0.02, 0.5, 0.98)]
     metric = results.summarize(three)["metrics"]["acceptance_rate"]
     assert (metric["ci_low"], metric["ci_high"]) == (0.0, 1.0)
+
+
+@pytest.mark.parametrize("flags, argv, key", [([], ["hydra.run.dir=/proc/specdec-no/run"], "hydra.run.dir"),
+                                              (["-m"], ["draft_length.k=1,2", "hydra.sweep.dir=/proc/specdec-no/sweep"],
+                                               "hydra.sweep.dir")])
+def test_unwritable_run_directory_fails_in_one_line(flags, argv, key, tiny, monkeypatch, capsys, loads):
+    """Before this, Hydra created the directory itself and printed a traceback."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*flags, *tiny_overrides(tiny, num_prompts=1), *argv], monkeypatch)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and loads["pair"] == 0 and "Traceback" not in err
+    [line] = [line for line in err.splitlines() if line.startswith("config error")]
+    assert f"{key}='/proc/specdec-no/" in line and "cannot be created or written" in line
