@@ -166,6 +166,7 @@ def build_setting(cfg: DictConfig, job: Job, group: str, run_id: str) -> Setting
         "pair": job.choices.get("pair"),
         "drafter": job.choices.get("drafter"),
         "strategy": getattr(strategy, "name", job.choices.get("strategy")),
+        "lossless": getattr(strategy, "lossless", None),  # false for lossy rules, e.g. synthetic (benchmarks only)
         "draft_length": getattr(policy, "name", job.choices.get("draft_length")),
         "k": policy.max_k,
         "sampling": job.choices.get("sampling"),

@@ -491,3 +491,12 @@ def test_unwritable_run_directory_fails_in_one_line(flags, argv, key, tiny, monk
     assert exit_info.value.code == 2 and loads["pair"] == 0 and "Traceback" not in err
     [line] = [line for line in err.splitlines() if line.startswith("config error")]
     assert f"{key}='/proc/specdec-no/" in line and "cannot be created or written" in line
+
+
+@pytest.mark.parametrize("strategy, lossless", [("synthetic", False), ("speculative", True)])
+def test_rows_say_whether_the_strategy_is_lossless(strategy, lossless, tiny, tmp_path):
+    run_dir = tmp_path / "run"
+    runner.run(*compose_run([*tiny_overrides(tiny, num_prompts=1, max_new_tokens=4, warmup=0),
+                             f"strategy={strategy}"], run_dir))
+    [row] = rows_of(run_dir)
+    assert row["strategy"] == strategy and row["lossless"] is lossless
