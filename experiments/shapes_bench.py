@@ -72,8 +72,54 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=positive_int, default=2, help="rounds of the batch-size sweep")
     parser.add_argument("--hf-ks", type=positive_ints, default=None, help="k values for the transformers comparison")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
-    parser.add_argument("--out", default=None, help="directory for shapes.md")
+    parser.add_argument("--out", default=None, help="directory for shapes.md and the speedup plots")
+    parser.add_argument("--plot-from", default=None, metavar="SHAPES_MD",
+                        help="only redraw the speedup plots from an earlier shapes.md (next to it); loads no model")
     return parser.parse_args(argv)
+
+
+def curves_from_markdown(text: str) -> list[dict]:
+    """The rows of every speculative-speedup table in a shapes.md."""
+    rows, header = [], None
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")] if line.startswith("|") else None
+        if cells is None:
+            header = None
+        elif cells[:3] == ["mode", "acceptance", "k"]:
+            header = cells
+        elif header and not set(cells[0]) <= set("-"):
+            rows.append({key: value if key == "mode" else float(value) for key, value in zip(header, cells)})
+    return rows
+
+
+def plot_curves(rows: list[dict], out: Path) -> list[Path]:
+    """speedup_<mode>.png: measured speedup vs k, one colour per acceptance, the prediction from measured costs
+    dashed beside it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for mode in dict.fromkeys(row["mode"] for row in rows):
+        figure, axes = plt.subplots(figsize=(6.4, 4.2))
+        mode_rows = [row for row in rows if row["mode"] == mode]
+        for index, alpha in enumerate(sorted({row["acceptance"] for row in mode_rows})):
+            curve = sorted((row for row in mode_rows if row["acceptance"] == alpha), key=lambda row: row["k"])
+            ks = [row["k"] for row in curve]
+            colour = f"C{index}"
+            axes.plot(ks, [row["speedup"] for row in curve], "o-", color=colour, label=f"a = {alpha:g} measured")
+            axes.plot(ks, [row["predicted_measured_costs"] for row in curve], "--", color=colour, alpha=0.7,
+                      label=f"a = {alpha:g} predicted from measured costs")
+        axes.axhline(1.0, color="grey", linewidth=0.8)
+        axes.set(xlabel="draft length k", ylabel="speedup over our baseline", title=f"Speedup at synthetic acceptance, {mode}")
+        axes.legend(fontsize=7, ncol=2)
+        figure.tight_layout()
+        path = out / f"speedup_{mode}.png"
+        figure.savefig(path, dpi=120)
+        plt.close(figure)
+        written.append(path)
+    return written
 
 
 def random_prompts(count: int, width: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
@@ -261,6 +307,11 @@ def transformers_comparison(pair, ks, args, clock) -> list[dict]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.plot_from:
+        source = Path(args.plot_from)
+        for path in plot_curves(curves_from_markdown(source.read_text(encoding="utf-8")), source.parent):
+            print(f"wrote {path}")
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     pair = specdec.load_pair(args.pair, device=args.device, dtype=args.dtype)
@@ -286,12 +337,14 @@ def main(argv=None) -> None:
                         + markdown(sweep))
         print(sections[-1], flush=True)
         prompt = random_prompts(1, args.prompt_tokens, pair.target.config.vocab_size, seed=99).to(device)
+        all_curves = []
         for mode in args.modes:
             profile = cost_profile(pair, mode, max(args.ks), prompt, clock, args.repeats)
             sections.append(f"## Cost profile, {mode} (ms per forward, batch 1)\n\n"
                             + markdown([{key: round(1000 * value, 3) for key, value in profile.items()}]))
             print(sections[-1], flush=True)
             curves = speculative_curves(pair, mode, args.acceptances, args.ks, args, clock, profile)
+            all_curves += curves
             sections.append(f"## Speculative speedup at synthetic acceptance, {mode} (batch 1)\n\n" + markdown(curves))
         if args.hf_ks:
             comparison = transformers_comparison(pair, args.hf_ks, args, clock)
@@ -301,7 +354,8 @@ def main(argv=None) -> None:
     out = Path(args.out or f"outputs/shapes_bench/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "shapes.md").write_text("\n\n".join(sections) + "\n")
-    print(f"\nwritten to {out}/shapes.md")
+    plot_curves(all_curves, out)
+    print(f"\nwritten to {out}/shapes.md and speedup_<mode>.png")
 
 
 if __name__ == "__main__":

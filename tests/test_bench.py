@@ -159,3 +159,16 @@ def test_shapes_bench_rejects_bad_arguments_before_loading(argv, message, capsys
     with pytest.raises(SystemExit):
         shapes_bench.main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_shapes_bench_redraws_its_plots_from_its_own_markdown(tmp_path):
+    from experiments import shapes_bench
+
+    rows = [{"mode": "compiled", "acceptance": alpha, "k": float(k), "measured_acceptance": alpha,
+             "baseline_tok_s": 100.0, "spec_tok_s": 100.0 + k, "speedup": 1 + alpha * k / 10,
+             "predicted_measured_costs": 1.0, "predicted_leviathan": 1.1} for alpha in (0.6, 0.8) for k in (1, 2)]
+    shapes_md = tmp_path / "shapes.md"
+    shapes_md.write_text("# title\n\n## Speculative speedup\n\n" + bench.markdown(rows) + "\n\n| other | table |\n|---|---|\n| 1 | 2 |\n")
+    assert shapes_bench.curves_from_markdown(shapes_md.read_text()) == rows
+    shapes_bench.main(["--plot-from", str(shapes_md)])
+    assert (tmp_path / "speedup_compiled.png").stat().st_size > 10_000
