@@ -22,7 +22,7 @@ from specdec.drafters import Drafter, NoDrafter
 from specdec.policies import DraftLengthPolicy, FixedLength
 from specdec.sampling import SamplingConfig, greedy_choice, logits_to_probs, one_hot_probs, sample, usable
 from specdec.stats import DecodeStats, RowStats
-from specdec.strategies import AcceptanceStrategy, Greedy, Speculative, greedy_verdict, probs_of
+from specdec.strategies import AcceptanceStrategy, Greedy, Speculative, point_mass_rule, probs_of
 from specdec.types import Proposal, Verdict
 
 
@@ -159,8 +159,8 @@ class Decoder:
             )
         for model in (target, *draft_models(self.drafter)):
             check_eval_mode(model)
-        self.judges_by_argmax = self.sampling.is_greedy and getattr(self.strategy, "greedy_at_point_masses", False)
-        self.verdict_from_ids = getattr(self.strategy, "verdict_from_ids", None) if self.sampling.is_greedy else None
+        # At temperature 0: the strategy's rule on token ids, or None to call it with one-hot distributions.
+        self.verdict_from_ids = point_mass_rule(self.strategy) if self.sampling.is_greedy else None
         limits = [context_limit(target)] + [context_limit(m) for m in draft_models(self.drafter)]
         self.context_limit = min((limit for limit in limits if limit is not None), default=None)
 
@@ -364,19 +364,17 @@ class DecodeRun:
 
         With no drafts there is nothing to accept: every strategy reduces to picking the next token from p, done
         here directly (argmax at temperature 0), which keeps the baseline's per-token work to the bare minimum.
-        At temperature 0, strategies that are greedy on point masses are judged on token ids (``greedy_verdict``).
+        At temperature 0, strategies with a rule on token ids (``strategies.point_mass_rule``) are judged on them.
         """
         sampling, k = self.decoder.sampling, proposal.tokens.shape[1]
         verdict_from_ids = self.decoder.verdict_from_ids
-        if sampling.is_greedy and (k == 0 or self.decoder.judges_by_argmax or verdict_from_ids is not None):
+        if sampling.is_greedy and (k == 0 or verdict_from_ids is not None):
             # Point masses: token ids say everything a strategy would see, and one pass over V finds them.
             target_choice, target_usable = greedy_choice(target_logits)  # [B, k+1], []
             if k == 0:
                 return Verdict(self.no_drafts_accepted, target_choice[:, 0]), None, target_usable
             overlap = (proposal.tokens == target_choice[:, :k]).float()  # [B, k] sum_x min(q, p) of point masses
-            if verdict_from_ids is not None:
-                return verdict_from_ids(proposal.tokens, target_choice, self.generator), overlap, target_usable
-            return greedy_verdict(proposal.tokens, target_choice), overlap, target_usable
+            return verdict_from_ids(proposal.tokens, target_choice, self.generator), overlap, target_usable
         if k == 0:
             token = sample(logits_to_probs(target_logits[:, 0], sampling), self.generator)  # [B]
             return Verdict(self.no_drafts_accepted, token), None, usable(target_logits)

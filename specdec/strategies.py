@@ -57,6 +57,18 @@ def greedy_verdict(draft_tokens: torch.Tensor, target_choice: torch.Tensor) -> V
     return Verdict(num_accepted, next_token)
 
 
+def point_mass_rule(strategy: AcceptanceStrategy):
+    """The strategy's verdict at temperature 0 from token ids alone, ``rule(draft_tokens [B, k], target_choice
+    [B, k+1], generator) -> Verdict``: its own ``verdict_from_ids``, greedy matching if it declares
+    ``greedy_at_point_masses``, else None (it must then be called with one-hot distributions)."""
+    own = getattr(strategy, "verdict_from_ids", None)
+    if own is not None:
+        return own
+    if getattr(strategy, "greedy_at_point_masses", False):
+        return lambda draft_tokens, target_choice, generator: greedy_verdict(draft_tokens, target_choice)
+    return None
+
+
 def probs_of(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """[B, k, V] probabilities, [B, k] tokens -> [B, k] probability of each token."""
     return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
