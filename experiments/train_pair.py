@@ -38,6 +38,9 @@ AUSTEN_NOVELS = ["sensesensibility", "prideprejudice", "mansfieldpark", "emma", 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus-dir", type=Path, default=ROOT / ".corpus", help="downloads (git-ignored)")
+    p.add_argument("--checkpoint-dir", type=Path, default=ROOT / ".train_pair",
+                   help="training checkpoints (git-ignored); a rerun continues from them, delete to start over")
+    p.add_argument("--checkpoint-minutes", type=float, default=5.0)
     p.add_argument("--out-dir", type=Path, default=ROOT / "specdec" / "embedded")
     p.add_argument("--prompts-out", type=Path, default=ROOT / "specdec" / "prompts" / "embedded_heldout.jsonl")
     p.add_argument("--seed", type=int, default=0)
@@ -49,6 +52,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--target-minutes", type=float, default=None,
                    help="train for this wall time instead of --target-steps (schedule follows elapsed time)")
     p.add_argument("--target-lr", type=float, default=1.5e-3)
+    p.add_argument("--target-dropout", type=float, default=0.1, help="the target sees the stream several times")
+    p.add_argument("--draft-layers", type=int, default=2)
+    p.add_argument("--draft-width", type=int, default=128)
     p.add_argument("--draft-steps", type=int, default=320)
     p.add_argument("--draft-minutes", type=float, default=None, help="like --target-minutes, for the draft")
     p.add_argument("--draft-lr", type=float, default=3e-3)
@@ -241,17 +247,42 @@ def train(model: GPT2LMHeadModel, stream: torch.Tensor, args: argparse.Namespace
 
     With `minutes`, training runs for that wall time and the schedule follows elapsed time, so a busy shared
     machine gets fewer steps rather than an unfinished schedule; the steps taken are reported.
+    Every `--checkpoint-minutes` the run is saved to `--checkpoint-dir/<name>.pt` (model, optimiser, data order,
+    elapsed time); a rerun continues from there, and a finished run is loaded instead of retrained.
     """
     gen = torch.Generator().manual_seed(args.seed)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.95))
+    checkpoint = args.checkpoint_dir / f"{name}.pt"
+    step, elapsed = 0, 0.0
+    if checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=False)
+        model.load_state_dict(state["model"])
+        if state["finished"]:
+            print(f"[{name}] finished run loaded from {checkpoint}", flush=True)
+            model.eval()
+            return state["run"]
+        opt.load_state_dict(state["optimizer"])
+        gen.set_state(state["generator"])
+        step, elapsed = state["step"], state["elapsed"]
+        print(f"[{name}] continuing from {checkpoint}: step {step}, {elapsed / 60:.1f} min done", flush=True)
+
+    def save(finished: bool) -> None:
+        run = {"steps": step, "tokens": step * args.batch_size * args.seq_len, "seconds": round(elapsed)}
+        args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        partial = checkpoint.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "generator": gen.get_state(),
+                    "step": step, "elapsed": elapsed, "finished": finished, "run": run}, partial)
+        partial.replace(checkpoint)  # a run cut off while saving keeps the previous checkpoint
+
     model.train()
-    start = time.time()
-    step = 0
+    resumed_at = time.time() - elapsed
+    last_save = time.time()
     while True:
-        progress = (time.time() - start) / (60 * minutes) if minutes else step / steps
+        elapsed = time.time() - resumed_at
+        progress = elapsed / (60 * minutes) if minutes else step / steps
         if progress >= 1:
             break
         for group in opt.param_groups:
@@ -274,10 +305,15 @@ def train(model: GPT2LMHeadModel, stream: torch.Tensor, args: argparse.Namespace
         opt.step()
         if step % 10 == 0:
             print(f"[{name}] step {step} progress {progress:.3f} loss {loss.item():.3f} ce {ce.item():.3f} "
-                  f"lr {opt.param_groups[0]['lr']:.2e} {time.time() - start:.0f}s", flush=True)
+                  f"lr {opt.param_groups[0]['lr']:.2e} {elapsed:.0f}s", flush=True)
         step += 1
+        if time.time() - last_save > 60 * args.checkpoint_minutes:
+            elapsed = time.time() - resumed_at
+            save(finished=False)
+            last_save = time.time()
+    save(finished=True)
     model.eval()
-    return {"steps": step, "tokens": step * args.batch_size * args.seq_len, "seconds": round(time.time() - start)}
+    return {"steps": step, "tokens": step * args.batch_size * args.seq_len, "seconds": round(elapsed)}
 
 
 @torch.no_grad()
@@ -386,12 +422,12 @@ def main() -> None:
     args.prompts_out.parent.mkdir(parents=True, exist_ok=True)
     args.prompts_out.write_text("".join(json.dumps(p) + "\n" for p in prompts))
 
-    # under one epoch, so no dropout is needed
-    target = make_model(tok, n_layer=8, n_embd=384, n_head=6, dropout=0.0)
+    target = make_model(tok, n_layer=8, n_embd=384, n_head=6, dropout=args.target_dropout)
     target_run = train(target, train_stream, args, args.target_steps, args.target_minutes, args.target_lr,
                        "target")
     save_fp16(target, args.out_dir / "target")
-    draft = make_model(tok, n_layer=2, n_embd=128, n_head=2, dropout=0.0)
+    draft = make_model(tok, n_layer=args.draft_layers, n_embd=args.draft_width, n_head=args.draft_width // 64,
+                       dropout=0.0)
     draft_run = train(draft, train_stream, args, args.draft_steps, args.draft_minutes, args.draft_lr, "draft",
                       teacher=target)
     save_fp16(draft, args.out_dir / "draft")
@@ -413,7 +449,7 @@ def main() -> None:
                               "rate": round(greedy_acceptance(draft, target, prompt_ids, args.accept_new_tokens,
                                                               args.k), 4)},
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
-                 if k not in ("corpus_dir", "out_dir", "prompts_out")},
+                 if k not in ("corpus_dir", "out_dir", "prompts_out", "checkpoint_dir")},
     }
     (args.out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(json.dumps(metrics, indent=2))
