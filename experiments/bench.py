@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import specdec  # noqa: E402
 from specdec.cache import KVCache  # noqa: E402
-from specdec.decode import Clock  # noqa: E402
+from specdec.timing import Clock  # noqa: E402
 
 
 @dataclass

@@ -17,6 +17,7 @@ from specdec.policies import ConfidenceLength, CostOptimalLength, DraftLengthPol
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.stats import DecodeStats, RowStats, predicted_speedup
 from specdec.strategies import STRATEGIES, Greedy, Speculative, SyntheticAcceptance, TopK, Typical, make_strategy
+from specdec.timing import Clock
 from specdec.types import Proposal, Verdict
 
 __all__ = [
@@ -55,5 +56,6 @@ __all__ = [
     "SyntheticAcceptance",
     "make_strategy",
     "Proposal",
+    "Clock",
     "Verdict",
 ]

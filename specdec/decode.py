@@ -12,7 +12,6 @@ of a batch finish, they leave it (``retire_finished``): the forwards then run ov
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +21,7 @@ from specdec.drafters import Drafter, NoDrafter
 from specdec.policies import DraftLengthPolicy, FixedLength
 from specdec.sampling import SamplingConfig, greedy_choice, logits_to_probs, one_hot_probs, sample, usable
 from specdec.stats import DecodeStats, RowStats
+from specdec.timing import Clock
 from specdec.strategies import AcceptanceStrategy, Greedy, Speculative, point_mass_rule, probs_of
 from specdec.types import Proposal, Verdict
 
@@ -51,24 +51,6 @@ class StepOutcome:
 class GenerationOutput:
     tokens: list[list[int]]  # new tokens of each row, up to and including EOS
     stats: DecodeStats
-
-
-class Clock:
-    """Wall clock that waits for queued device work first, so GPU phases are timed where they run."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def phase(self, enabled: bool):
-        """The clock for within-step phases: synchronised, or a constant 0 that costs no device sync."""
-        return self.now if enabled else lambda: 0.0
-
-    def now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        elif self.device.type == "mps":
-            torch.mps.synchronize()
-        return time.perf_counter()
 
 
 class RowCounters:
