@@ -7,18 +7,19 @@
 """
 
 from specdec.api import generate
-from specdec.decode import Decoder, GenerationOutput, NonFiniteLogitsError, StepOutcome
-from specdec.drafters import Drafter, ModelDrafter, NoDrafter
+from specdec.decode import Decoder, GenerationOutput, NonFiniteLogitsError
+from specdec.drafters import ModelDrafter, NoDrafter
 from specdec.early_exit import EarlyExitDrafter
 from specdec.models import ModelPair, ModelUnavailableError, load_pair, resolve_device, resolve_dtype
 from specdec.ngram import NGramDrafter
 from specdec.prompts import Prompt, load_prompts
-from specdec.policies import ConfidenceLength, CostOptimalLength, DraftLengthPolicy, FixedLength, HeuristicLength
+from specdec.policies import ConfidenceLength, CostOptimalLength, FixedLength, HeuristicLength
 from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.stats import DecodeStats, RowStats, predicted_speedup
 from specdec.strategies import STRATEGIES, Greedy, Speculative, SyntheticAcceptance, TopK, Typical, make_strategy
 from specdec.timing import Clock
-from specdec.types import Proposal, Verdict
+from specdec.interfaces import AcceptanceStrategy, Drafter, DraftLengthPolicy
+from specdec.types import Proposal, StepOutcome, Verdict
 
 __all__ = [
     "generate",
@@ -48,6 +49,7 @@ __all__ = [
     "DecodeStats",
     "RowStats",
     "predicted_speedup",
+    "AcceptanceStrategy",
     "STRATEGIES",
     "Greedy",
     "Speculative",

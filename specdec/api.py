@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from specdec.checks import check_device, check_model, model_device
 from specdec.decode import Decoder, GenerationOutput
-from specdec.drafters import Drafter, ModelDrafter
+from specdec.drafters import ModelDrafter
+from specdec.interfaces import Drafter
 from specdec.policies import DraftLengthPolicy, FixedLength
 from specdec.sampling import SamplingConfig
 from specdec.strategies import AcceptanceStrategy, make_strategy
@@ -56,10 +58,10 @@ def as_drafter(
     compile: bool = False,
 ) -> Drafter | None:
     """A causal LM becomes a ``ModelDrafter`` after checking it can draft for ``target``."""
-    if draft is None or not isinstance(draft, torch.nn.Module):
-        if draft is not None and not all(hasattr(draft, m) for m in ("start", "propose", "commit")):
-            raise TypeError(f"draft must be a causal LM, a Drafter, or None; got {type(draft).__name__}")
+    if draft is None or isinstance(draft, Drafter):
         return draft
+    if not isinstance(draft, torch.nn.Module):
+        raise TypeError(f"draft must be a causal LM, a Drafter, or None; got {type(draft).__name__}")
     check_model("draft", draft)
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(
@@ -70,17 +72,3 @@ def as_drafter(
     if draft_device != target_device:
         raise ValueError(f"draft is on {draft_device} but target on {target_device}; put both on one device")
     return ModelDrafter(draft, cache_layout=cache_layout, compile=compile)
-
-
-def check_model(role: str, model: object) -> None:
-    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
-        raise TypeError(f"{role} must be a transformers causal LM (torch.nn.Module with a config), got {type(model).__name__}")
-
-
-def model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def check_device(name: str, tensor: object, target: torch.nn.Module) -> None:
-    if isinstance(tensor, torch.Tensor) and tensor.device != model_device(target):
-        raise ValueError(f"{name} is on {tensor.device} but the target model on {model_device(target)}")

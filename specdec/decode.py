@@ -5,46 +5,36 @@ forward pass; the acceptance strategy keeps n of them and picks the next token; 
 and the draft cache (owned by the drafter) roll back to the kept prefix. With ``NoDrafter`` k is always 0 and the
 step is a plain decode step, so baseline and speculative runs share every cost but speculation.
 
-One host sync per step: a handful of scalars that decide termination, rollback lengths and the next k. When rows
-of a batch finish, they leave it (``retire_finished``): the forwards then run over the rows still generating.
+``DecodeRun.step`` runs one step in nine phases, one method each: propose, verify, judge, count, emit, sync the
+host, roll back the target cache, notify the drafter and the policy, retire finished rows. The host sync is the
+step's only one: a handful of scalars (``HostSync``) that decide termination, rollback lengths and the next k.
+Per-row state lives in one ``Rows`` object; rows that finish leave the batch (``retire_finished``), and the
+forwards then run over the rows still generating.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from specdec.cache import CACHE_LAYOUTS, KVCache, context_limit, static_capacity
-from specdec.drafters import Drafter, NoDrafter
-from specdec.policies import DraftLengthPolicy, FixedLength
+from specdec.checks import (
+    check_eos_ids, check_eval_mode, check_max_new_tokens, check_parts, check_prompt, check_seed,
+)
+from specdec.drafters import NoDrafter
+from specdec.interfaces import AcceptanceStrategy, Drafter, DraftLengthPolicy, as_strategy
+from specdec.policies import FixedLength
 from specdec.sampling import SamplingConfig, greedy_choice, logits_to_probs, one_hot_probs, sample, usable
 from specdec.stats import DecodeStats, RowStats
+from specdec.strategies import Greedy, Speculative, probs_of
 from specdec.timing import Clock
-from specdec.strategies import AcceptanceStrategy, Greedy, Speculative, point_mass_rule, probs_of
-from specdec.types import Proposal, Verdict
+from specdec.types import Proposal, StepOutcome, Verdict
 
 
 class NonFiniteLogitsError(FloatingPointError):
     """A model produced NaN or inf logits: any token chosen from them would be meaningless."""
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What one step decided, for drafters and policies to learn from."""
-
-    k: int  # drafts proposed this step
-    num_accepted: torch.Tensor  # [B] drafts kept per row
-    next_token: torch.Tensor  # [B] token emitted after the kept drafts
-    new_tokens: torch.Tensor  # [B, k+1] kept drafts then next_token; only the first num_new are real
-    num_new: torch.Tensor  # [B] tokens emitted this step (0 for rows already finished)
-    active: torch.Tensor  # [B] bool, rows still generating during this step
-    active_after: torch.Tensor  # [B] bool, rows still generating after it (the others leave the batch or feed holes)
-    max_accepted: int  # host copies over active rows
-    min_accepted: int
-    draft_seconds: float
-    target_seconds: float
 
 
 @dataclass(frozen=True)
@@ -65,9 +55,10 @@ class RowCounters:
         self.overlap_count = zeros(())
 
     def add(
-        self, rows: torch.Tensor, k: int, num_accepted: torch.Tensor, live: torch.Tensor, overlap: torch.Tensor | None
+        self, rows: torch.Tensor, k: int, num_accepted: torch.Tensor, active: torch.Tensor, overlap: torch.Tensor | None
     ) -> None:
-        """Count one step of the ``live`` [B'] (1/0) rows; ``overlap`` [B', k] is sum_x min(q, p) per draft position."""
+        """Count one step of the ``active`` [B'] rows; ``overlap`` [B', k] is sum_x min(q, p) per draft position."""
+        live = active.long()  # [B'] 1/0, the form index_add_ sums
         self.target_calls.index_add_(0, rows, live)
         if k == 0:
             return
@@ -112,7 +103,7 @@ class Decoder:
         (they cost a little on GPU); those timings and the cost ratio are then NaN. ``cache_layout`` is the
         target cache's: "dynamic" (grows) or "static" (preallocated, fixed addresses for CUDA graphs).
         ``retire_finished_rows``: rows that finish leave the batch, so later forwards skip them (dynamic layout
-        and a drafter with ``selects_rows``). Greedy outputs do not change; sampled ones do, since the random
+        and a drafter that ``selects_rows``). Greedy outputs do not change; sampled ones do, since the random
         stream follows the batch's shape (each is still exact). ``compile=True`` runs the target's decode and
         verify forwards compiled (CUDA graphs on CUDA) over a static cache (pooled across calls); the drafter
         compiles its own when built with ``compile=True``. The first call of each shape compiles; eager
@@ -126,24 +117,23 @@ class Decoder:
         self.cache_layout = cache_layout
         self.compile = compile
         self.drafter = drafter if drafter is not None else NoDrafter()
-        self.retires_rows = (
-            retire_finished_rows and cache_layout == "dynamic" and getattr(self.drafter, "selects_rows", False)
-        )
-        self.speculates = not isinstance(self.drafter, NoDrafter)
-        self.strategy = strategy if strategy is not None else Speculative()
+        self.strategy = as_strategy(strategy) if strategy is not None else Speculative()
         self.draft_length = draft_length if draft_length is not None else FixedLength()
         self.sampling = sampling if sampling is not None else SamplingConfig()
-        check_parts(self.strategy, self.draft_length, self.sampling)
+        check_parts(self.drafter, self.draft_length, self.sampling)
+        self.speculates = not isinstance(self.drafter, NoDrafter)
+        self.retires_rows = retire_finished_rows and cache_layout == "dynamic" and self.drafter.selects_rows
         if self.speculates and isinstance(self.strategy, Greedy) and not self.sampling.is_greedy:
             raise ValueError(
                 f"strategy 'greedy' decodes the target's argmax and needs temperature 0, got temperature="
                 f"{self.sampling.temperature}; use 'speculative' (lossless) or 'typical'/'topk' (lossy) to sample"
             )
-        for model in (target, *draft_models(self.drafter)):
+        models = [target, *self.drafter.models()]
+        for model in models:
             check_eval_mode(model)
-        # At temperature 0: the strategy's rule on token ids, or None to call it with one-hot distributions.
-        self.verdict_from_ids = point_mass_rule(self.strategy) if self.sampling.is_greedy else None
-        limits = [context_limit(target)] + [context_limit(m) for m in draft_models(self.drafter)]
+        # At temperature 0 a strategy that judges ids is called on them, never on one-hot distributions.
+        self.judges_ids = self.sampling.is_greedy and self.strategy.judges_ids
+        limits = [context_limit(model) for model in models]
         self.context_limit = min((limit for limit in limits if limit is not None), default=None)
 
     def generate(
@@ -162,16 +152,47 @@ class Decoder:
         attention_mask = check_prompt(input_ids, attention_mask, self.context_limit, vocab_size)
         check_max_new_tokens(max_new_tokens)
         check_seed(seed)
-        eos_ids = eos_tensor(eos_token_id, input_ids.device, vocab_size)
+        eos_ids = check_eos_ids(eos_token_id, input_ids.device, vocab_size)
         # Padding is masked, but still goes through the embedding: an id outside the vocabulary there becomes 0.
         outside = (input_ids < 0) | (input_ids >= vocab_size)  # [B, T], only padding after check_prompt
         input_ids = input_ids.masked_fill(outside, 0)
         return DecodeRun(self, input_ids, attention_mask, max_new_tokens, eos_ids, seed).run()
 
 
-def draft_models(drafter: Drafter) -> list[torch.nn.Module]:
-    model = getattr(drafter, "model", None)
-    return [model] if isinstance(model, torch.nn.Module) else []
+@dataclass
+class Rows:
+    """Per-row state of the rows still in the batch, [B'] each (B' = B until rows retire). ``select`` keeps some
+    rows of every field at once, so retiring rows cannot forget one."""
+
+    original: torch.Tensor  # [B'] the call's row each batch row is (results are indexed by it)
+    emitted: torch.Tensor  # [B'] tokens emitted so far
+    active: torch.Tensor  # [B'] bool, still generating (finished rows that stay in the batch feed holes)
+    allowance: torch.Tensor  # [B'] tokens the row may emit in all: max_new_tokens and the context limit bound it
+    room: torch.Tensor  # [B'] positions left in the row's context at the start
+    pending: torch.Tensor  # [B'] last emitted token, not yet in the target cache
+    no_drafts: torch.Tensor  # [B', 0] the proposal of a step with k = 0
+    none_accepted: torch.Tensor  # [B'] zeros: the verdict's num_accepted when nothing was drafted
+
+    def select(self, index: torch.Tensor) -> Rows:
+        """The rows ``index`` [B''] of every field."""
+        return Rows(**{field.name: getattr(self, field.name)[index] for field in fields(self)})
+
+    def budgets(self) -> torch.Tensor:
+        """[B'] tokens each row may still emit (0 for finished rows)."""
+        return (self.allowance - self.emitted) * self.active
+
+
+@dataclass(frozen=True)
+class HostSync:
+    """The scalars the host needs after a step, read in the step's one device-to-host copy."""
+
+    remaining_max: int  # largest budget left over active rows; 0 ends the call
+    room_min: int  # smallest context room left over active rows (bounds the next k)
+    num_active: int  # rows still generating
+    max_accepted: int  # over the rows generating during the step (0 when nothing was drafted)
+    min_accepted: int
+    max_new: int  # tokens emitted this step, over all rows (bounds the rollback)
+    min_new: int
 
 
 class DecodeRun:
@@ -187,18 +208,22 @@ class DecodeRun:
         self.phase_clock = self.clock.phase(decoder.time_phases)
         self.k_max = decoder.draft_length.max_k if decoder.speculates else 0
         self.limit = decoder.context_limit if decoder.context_limit is not None else 2**62
-        self.room = self.limit - attention_mask.sum(-1)  # [B] positions left in each row's context at the start
-        self.allowance = self.room.clamp(max=max_new_tokens)  # [B] tokens each row may emit in all
-        # Results by original row; the per-row state below covers only the rows still in the batch, ``rows``.
+        room = self.limit - attention_mask.sum(-1)  # [B]
+        zeros = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B], read only
+        self.rows = Rows(
+            original=torch.arange(batch_size, device=device),
+            emitted=torch.zeros_like(zeros),
+            active=torch.ones(batch_size, dtype=torch.bool, device=device),
+            allowance=room.clamp(max=max_new_tokens),
+            room=room,
+            pending=input_ids[:, -1],
+            no_drafts=zeros.unsqueeze(1)[:, :0],
+            none_accepted=zeros,
+        )
+        # Results by original row.
         self.output = torch.zeros(batch_size, max_new_tokens + self.k_max + 1, dtype=torch.long, device=device)
         self.final_emitted = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
-        self.rows = torch.arange(batch_size, device=device)  # [B'] original row of each row in the batch
-        self.emitted = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
-        self.active = torch.ones(batch_size, dtype=torch.bool, device=device)  # [B]
-        self.live = self.active.long()  # [B] the same as 1/0, the form masks and counters take
         self.slot_offsets = torch.arange(self.k_max + 1, device=device)  # [k_max+1]
-        self.no_proposal = Proposal(torch.zeros(batch_size, 0, dtype=torch.long, device=device), None)
-        self.no_drafts_accepted = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
         self.counters = RowCounters(batch_size, self.k_max, device)
         self.draft_seconds = self.target_seconds = 0.0
         self.draft_step_seconds = self.target_step_seconds = 0.0
@@ -220,80 +245,37 @@ class DecodeRun:
         after_target_prefill = self.phase_clock()
         self.draft_seconds = after_draft_prefill - (start if self.decoder.time_phases else 0.0)
         self.target_seconds = after_target_prefill - after_draft_prefill
-        self.pending = self.input_ids[:, -1]  # [B] last token, not yet in the target cache
-        remaining_max, room_min = self.budget_bounds()
+        remaining_max, room_min = torch.stack(self.bounds()).tolist()
         ttft = None
         while remaining_max > 0:
             k = min(decoder.draft_length.next_k(), remaining_max - 1, room_min) if decoder.speculates else 0
-            remaining_max, room_min = self.step(max(k, 0))
+            sync = self.step(max(k, 0))
+            remaining_max, room_min = sync.remaining_max, sync.room_min
             if ttft is None:
                 ttft = self.clock.now() - start
         wall = self.clock.now() - start
         return self.finish(wall, ttft if ttft is not None else wall)
 
-    def budgets(self) -> torch.Tensor:
-        """[B] tokens each row may still emit: max_new_tokens and the context limit both bound it."""
-        return (self.allowance - self.emitted) * self.active
-
     def bounds(self) -> list[torch.Tensor]:
         """[largest remaining budget, smallest context room] over active rows: the next k's limits, on device."""
-        room = torch.where(self.active, self.room - self.emitted, self.limit)  # [B]
-        return [self.budgets().max(), room.min()]
+        rows = self.rows
+        room = torch.where(rows.active, rows.room - rows.emitted, self.limit)  # [B']
+        return [rows.budgets().max(), room.min()]
 
-    def budget_bounds(self) -> tuple[int, int]:
-        remaining_max, room_min = torch.stack(self.bounds()).tolist()
-        return remaining_max, room_min
-
-    def step(self, k: int) -> tuple[int, int]:
-        decoder = self.decoder
+    def step(self, k: int) -> HostSync:
+        """One step in nine phases; each but the bookkeeping of times is one method."""
         t0 = self.phase_clock()
-        proposal = self.propose(k) if k else self.no_proposal
+        proposal = self.propose(k)  # 1. the drafter proposes up to k tokens
         k = proposal.tokens.shape[1]  # fewer than asked when the policy stopped the draft early
         t1 = self.phase_clock()
-        verify_ids = self.pending.unsqueeze(1)  # [B, k+1]: the last emitted token, then the drafts
-        if k:
-            verify_ids = torch.cat([verify_ids, proposal.tokens], 1)
-        verify_mask = self.live.unsqueeze(1).expand_as(verify_ids)  # finished rows feed holes
-        target_logits = self.target_cache.forward(verify_ids, verify_mask)  # [B, k+1, V]
+        target_logits = self.verify(proposal)  # 2. one target forward over the pending token and the drafts
         t2 = self.phase_clock()
-        verdict, overlap, target_usable = self.judge(proposal, target_logits)
-        self.counters.add(self.rows, k, verdict.num_accepted, self.live, overlap)
-
-        new_tokens = verdict.next_token.unsqueeze(1)  # [B, k+1]: the kept drafts, then the next token
-        if k:
-            new_tokens = torch.cat([proposal.tokens, new_tokens], 1)
-            new_tokens.scatter_(1, verdict.num_accepted.unsqueeze(1), verdict.next_token.unsqueeze(1))
-        num_new, reached_eos = self.count_new(new_tokens, verdict.num_accepted)
-        slots = self.emitted.unsqueeze(1) + self.slot_offsets[: k + 1]  # [B, k+1]
-        self.output.index_put_((self.rows.unsqueeze(1), slots), new_tokens)  # slots past num_new: rewritten or unread
-        active_during_step = self.active
-        self.emitted = self.emitted + num_new
-        self.active = self.active & (self.allowance > self.emitted)
-        if reached_eos is not None:
-            self.active &= ~reached_eos
-        self.live = self.active.long()
-
-        scalars = [*self.bounds(), target_usable.long(), self.active.sum()]
-        if k:
-            idle = ~active_during_step  # [B] rows that fed only holes: their verdicts mean nothing
-            scalars += [
-                verdict.num_accepted.masked_fill(idle, -1).max(),
-                verdict.num_accepted.masked_fill(idle, k).min(),
-                proposal.finite.long() if proposal.finite is not None else torch.ones_like(scalars[0]),
-                num_new.max(),
-                num_new.min(),
-            ]
-        host = torch.stack(scalars).tolist()  # the step's one host sync
-        remaining_max, room_min, target_ok, num_live = host[:4]
-        max_accepted, min_accepted, drafts_ok, max_new, min_new = host[4:] if k else (0, 0, True, 1, 1)
-        if not drafts_ok:
-            raise NonFiniteLogitsError("the draft model produced NaN/inf logits; refusing to emit tokens from them")
-        if not target_ok:
-            raise NonFiniteLogitsError("the target model produced NaN/inf logits; refusing to emit tokens from them")
-
-        # With k = 0 every live row keeps its one token and idle rows fed a hole: there is nothing to roll back.
-        self.target_cache.keep(num_new, k + 1, max_new, min_new)
-        self.pending = verdict.next_token
+        verdict, overlap, target_usable = self.judge(proposal, target_logits)  # 3. the strategy decides
+        active_during_step = self.rows.active
+        self.counters.add(self.rows.original, k, verdict.num_accepted, active_during_step, overlap)  # 4. count
+        new_tokens, num_new = self.emit(proposal, verdict)  # 5. write the output, advance rows
+        sync = self.sync_host(k, verdict, proposal, num_new, active_during_step, target_usable)  # 6. the one sync
+        self.roll_back(verdict, num_new, k, sync)  # 7. the target cache keeps what was emitted
         t3 = self.phase_clock()
         outcome = StepOutcome(
             k=k,
@@ -302,41 +284,36 @@ class DecodeRun:
             new_tokens=new_tokens,
             num_new=num_new,
             active=active_during_step,
-            active_after=self.active,
-            max_accepted=max_accepted,
-            min_accepted=min_accepted,
+            active_after=self.rows.active,
+            max_accepted=sync.max_accepted,
+            min_accepted=sync.min_accepted,
             draft_seconds=t1 - t0,
             target_seconds=t2 - t1,
         )
-        decoder.drafter.commit(outcome)
+        self.decoder.drafter.commit(outcome)  # 8. notify: the drafter rolls back its own cache (timed as drafting)
         t4 = self.phase_clock()
-        decoder.draft_length.observe(outcome)
-        if decoder.retires_rows and 0 < num_live < len(self.rows):
-            self.retire_finished()
+        self.decoder.draft_length.observe(outcome)  # ... and the policy learns
+        self.retire_finished(sync.num_active)  # 9. finished rows leave the batch
         self.record_times(draft=(t1 - t0) + (t4 - t3), target=t2 - t1)
-        return remaining_max, room_min
-
-    def retire_finished(self) -> None:
-        """Drop the rows that finished from the batch: from the per-row state here, the target cache and the
-        drafter, each by its owner. Results stay in place, indexed by original row. (``nonzero`` syncs, but only
-        after the step's sync, in the few steps where rows finish.)"""
-        keep = self.active.nonzero().squeeze(1)  # [B'']
-        self.final_emitted.index_copy_(0, self.rows, self.emitted)
-        self.rows = self.rows[keep]
-        for name in ("emitted", "active", "live", "allowance", "room", "pending", "no_drafts_accepted"):
-            setattr(self, name, getattr(self, name)[keep])
-        self.no_proposal = Proposal(self.no_proposal.tokens[keep], None)
-        self.target_cache.select_rows(keep)
-        self.decoder.drafter.select_rows(keep)
+        return sync
 
     def propose(self, k: int) -> Proposal:
-        """Ask the drafter for up to k tokens, letting the policy stop the draft early if it has ``should_stop``."""
-        drafter, sampling = self.decoder.drafter, self.decoder.sampling
-        should_stop = getattr(self.decoder.draft_length, "should_stop", None)
-        if should_stop is None:
+        """Ask the drafter for up to k tokens, letting a policy that ``stops_drafts`` stop the draft early."""
+        if k == 0:
+            return Proposal(self.rows.no_drafts, None)
+        drafter, policy, sampling = self.decoder.drafter, self.decoder.draft_length, self.decoder.sampling
+        if not policy.stops_drafts:
             return drafter.propose(k, sampling, self.generator)
-        active = self.active  # [B] rows generating this step; the policy ignores the others
-        return drafter.propose(k, sampling, self.generator, stop=lambda draft_probs: should_stop(draft_probs, active))
+        active = self.rows.active  # [B'] rows generating this step; the policy ignores the others
+        return drafter.propose(k, sampling, self.generator, stop=lambda probs: policy.should_stop(probs, active))
+
+    def verify(self, proposal: Proposal) -> torch.Tensor:
+        """[B', k+1, V] target logits for the pending token and the k drafts; finished rows feed holes."""
+        verify_ids = self.rows.pending.unsqueeze(1)  # [B', 1]
+        if proposal.tokens.shape[1]:
+            verify_ids = torch.cat([verify_ids, proposal.tokens], 1)  # [B', k+1]
+        verify_mask = self.rows.active.unsqueeze(1).expand_as(verify_ids)  # [B', k+1]
+        return self.target_cache.forward(verify_ids, verify_mask)
 
     def judge(
         self, proposal: Proposal, target_logits: torch.Tensor
@@ -346,20 +323,19 @@ class DecodeRun:
 
         With no drafts there is nothing to accept: every strategy reduces to picking the next token from p, done
         here directly (argmax at temperature 0), which keeps the baseline's per-token work to the bare minimum.
-        At temperature 0, strategies with a rule on token ids (``strategies.point_mass_rule``) are judged on them.
+        At temperature 0, a strategy that ``judges_ids`` is judged on token ids.
         """
-        sampling, k = self.decoder.sampling, proposal.tokens.shape[1]
-        verdict_from_ids = self.decoder.verdict_from_ids
-        if sampling.is_greedy and (k == 0 or verdict_from_ids is not None):
+        sampling, strategy, k = self.decoder.sampling, self.decoder.strategy, proposal.tokens.shape[1]
+        if sampling.is_greedy and (k == 0 or self.decoder.judges_ids):
             # Point masses: token ids say everything a strategy would see, and one pass over V finds them.
             target_choice, target_usable = greedy_choice(target_logits)  # [B, k+1], []
             if k == 0:
-                return Verdict(self.no_drafts_accepted, target_choice[:, 0]), None, target_usable
+                return Verdict(self.rows.none_accepted, target_choice[:, 0]), None, target_usable
             overlap = (proposal.tokens == target_choice[:, :k]).float()  # [B, k] sum_x min(q, p) of point masses
-            return verdict_from_ids(proposal.tokens, target_choice, self.generator), overlap, target_usable
+            return strategy.verdict_from_ids(proposal.tokens, target_choice, self.generator), overlap, target_usable
         if k == 0:
             token = sample(logits_to_probs(target_logits[:, 0], sampling), self.generator)  # [B]
-            return Verdict(self.no_drafts_accepted, token), None, usable(target_logits)
+            return Verdict(self.rows.none_accepted, token), None, usable(target_logits)
         target_probs = logits_to_probs(target_logits, sampling)  # [B, k+1, V]
         if proposal.probs is None:  # point masses q = onehot(draft), so sum_x min(q, p) = p(draft)
             overlap = probs_of(target_probs[:, :k], proposal.tokens)  # [B, k]
@@ -367,21 +343,81 @@ class DecodeRun:
         else:
             overlap = torch.minimum(proposal.probs, target_probs[:, :k]).sum(-1)  # [B, k]
             draft_probs = proposal.probs
-        verdict = self.decoder.strategy(proposal.tokens, draft_probs, target_probs, self.generator)
+        verdict = strategy(proposal.tokens, draft_probs, target_probs, self.generator)
         return verdict, overlap, usable(target_logits)
+
+    def emit(self, proposal: Proposal, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write each row's new tokens into the output and advance the rows: [B', k+1] new tokens (the kept drafts,
+        then the next token) and [B'] how many of them each row emits (cut at EOS and the budget)."""
+        rows, k = self.rows, proposal.tokens.shape[1]
+        new_tokens = verdict.next_token.unsqueeze(1)  # [B', 1]
+        if k:
+            new_tokens = torch.cat([proposal.tokens, new_tokens], 1)  # [B', k+1]
+            new_tokens.scatter_(1, verdict.num_accepted.unsqueeze(1), verdict.next_token.unsqueeze(1))
+        num_new, reached_eos = self.count_new(new_tokens, verdict.num_accepted)
+        slots = rows.emitted.unsqueeze(1) + self.slot_offsets[: k + 1]  # [B', k+1]
+        self.output.index_put_((rows.original.unsqueeze(1), slots), new_tokens)  # slots past num_new: rewritten or unread
+        rows.emitted = rows.emitted + num_new
+        rows.active = rows.active & (rows.allowance > rows.emitted)
+        if reached_eos is not None:
+            rows.active = rows.active & ~reached_eos
+        return new_tokens, num_new
 
     def count_new(
         self, new_tokens: torch.Tensor, num_accepted: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[B] tokens each row emits this step (kept drafts + 1, cut at EOS and the budget) and [B] EOS reached
         (None without EOS ids)."""
-        num_new = torch.minimum(num_accepted + 1, self.budgets())  # [B], 0 for finished rows
+        num_new = torch.minimum(num_accepted + 1, self.rows.budgets())  # [B], 0 for finished rows
         if self.eos_ids is None:
             return num_new, None
         slot = self.slot_offsets[: new_tokens.shape[1]]  # [k+1]
         is_eos = torch.isin(new_tokens, self.eos_ids) & (slot < num_new.unsqueeze(1))  # [B, k+1]
         first_eos = torch.where(is_eos, slot, new_tokens.shape[1]).amin(-1)  # [B], k+1 if none
         return torch.minimum(num_new, first_eos + 1), is_eos.any(-1)
+
+    def sync_host(
+        self, k: int, verdict: Verdict, proposal: Proposal, num_new: torch.Tensor, active_during_step: torch.Tensor,
+        target_usable: torch.Tensor,
+    ) -> HostSync:
+        """Copy the step's scalars to the host at once, and refuse to go on from unusable logits."""
+        scalars = [*self.bounds(), target_usable.long(), self.rows.active.sum()]
+        if k:
+            idle = ~active_during_step  # [B'] rows that fed only holes: their verdicts mean nothing
+            drafts_ok = proposal.finite.long() if proposal.finite is not None else torch.ones_like(scalars[0])
+            scalars += [
+                verdict.num_accepted.masked_fill(idle, -1).max(),
+                verdict.num_accepted.masked_fill(idle, k).min(),
+                drafts_ok,
+                num_new.max(),
+                num_new.min(),
+            ]
+        values = torch.stack(scalars).tolist()
+        remaining_max, room_min, target_ok, num_active = values[:4]
+        max_accepted, min_accepted, drafts_ok, max_new, min_new = values[4:] if k else (0, 0, True, 1, 1)
+        if not drafts_ok:
+            raise NonFiniteLogitsError("the draft model produced NaN/inf logits; refusing to emit tokens from them")
+        if not target_ok:
+            raise NonFiniteLogitsError("the target model produced NaN/inf logits; refusing to emit tokens from them")
+        return HostSync(remaining_max, room_min, num_active, max_accepted, min_accepted, max_new, min_new)
+
+    def roll_back(self, verdict: Verdict, num_new: torch.Tensor, k: int, sync: HostSync) -> None:
+        """The target cache keeps each row's emitted tokens of the k + 1 it was fed; the next token is pending.
+        (With k = 0 every live row keeps its one token and idle rows fed a hole: nothing to roll back.)"""
+        self.target_cache.keep(num_new, k + 1, sync.max_new, sync.min_new)
+        self.rows.pending = verdict.next_token
+
+    def retire_finished(self, num_active: int) -> None:
+        """Drop the rows that finished from the batch: from the rows here, the target cache and the drafter, each
+        by its owner. Results stay in place, indexed by original row. (``nonzero`` syncs, but only after the
+        step's sync, in the few steps where rows finish.)"""
+        if not (self.decoder.retires_rows and 0 < num_active < len(self.rows.original)):
+            return
+        keep = self.rows.active.nonzero().squeeze(1)  # [B'']
+        self.final_emitted.index_copy_(0, self.rows.original, self.rows.emitted)
+        self.rows = self.rows.select(keep)
+        self.target_cache.select_rows(keep)
+        self.decoder.drafter.select_rows(keep)
 
     def record_times(self, draft: float, target: float) -> None:
         self.draft_seconds += draft
@@ -391,7 +427,7 @@ class DecodeRun:
         self.target_forwards += 1
 
     def finish(self, wall: float, ttft: float) -> GenerationOutput:
-        self.final_emitted.index_copy_(0, self.rows, self.emitted)
+        self.final_emitted.index_copy_(0, self.rows.original, self.rows.emitted)
         rows = self.output.tolist()
         counts = self.final_emitted.tolist()
         tokens = [row[:count] for row, count in zip(rows, counts)]
@@ -413,84 +449,3 @@ class DecodeRun:
             expected_overlap_count=overlap_count,
         )
         return GenerationOutput(tokens, stats)
-
-
-def check_parts(strategy: object, draft_length: object, sampling: object) -> None:
-    """Wrong objects fail here, naming the argument, rather than deep inside a step."""
-    if not callable(strategy):
-        raise TypeError(f"strategy must be an acceptance strategy (specdec.Speculative(), ...), got {strategy!r}")
-    if not all(hasattr(draft_length, name) for name in ("start", "next_k", "observe", "max_k")):
-        raise TypeError(f"draft_length must be a draft-length policy (specdec.FixedLength(4), ...), got {draft_length!r}")
-    if not isinstance(sampling, SamplingConfig):
-        raise TypeError(f"sampling must be a specdec.SamplingConfig, got {sampling!r}")
-
-
-def check_eval_mode(model: torch.nn.Module) -> None:
-    """A model in training mode runs dropout: every forward draws different tokens, silently."""
-    if model.training:
-        name = getattr(model.config, "name_or_path", "") or type(model).__name__
-        raise ValueError(f"model {name!r} is in training mode (dropout active); call model.eval() before decoding")
-
-
-def check_seed(seed: object) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an integer, got {seed!r} ({type(seed).__name__})")
-
-
-def check_prompt(input_ids, attention_mask, limit: int | None, vocab_size: int | None = None) -> torch.Tensor:
-    """Validate a [B, T] left-padded prompt batch (ids in [0, vocab_size) where it is known, checked before any
-    forward: on a GPU an out-of-range id is a device-side assert that kills the CUDA context) and return its
-    attention mask."""
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids must be a torch.LongTensor of shape [B, T], got {type(input_ids).__name__}")
-    if input_ids.dtype not in (torch.long, torch.int):
-        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must have shape [B, T], got shape {tuple(input_ids.shape)}")
-    if input_ids.numel() == 0:
-        raise ValueError(f"empty prompt: input_ids has shape {tuple(input_ids.shape)}; need at least one token per row")
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
-        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
-        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got {shape}")
-    if attention_mask.device != input_ids.device:
-        raise ValueError(f"attention_mask is on {attention_mask.device} but input_ids on {input_ids.device}")
-    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
-        bad = attention_mask[(attention_mask != 0) & (attention_mask != 1)].flatten()[0].item()
-        raise ValueError(f"attention_mask must hold only 0 (padding) and 1 (token), got {bad!r}")
-    attention_mask = attention_mask.long()
-    if bool((attention_mask.diff(dim=-1) < 0).any()):
-        raise ValueError("attention_mask must be left-padded (zeros before ones in every row); got right padding")
-    lengths = attention_mask.sum(-1)
-    if bool((lengths == 0).any()):
-        rows = (lengths == 0).nonzero().flatten().tolist()
-        raise ValueError(f"empty prompt in batch rows {rows}: every row needs at least one token")
-    if vocab_size is not None:
-        real = input_ids[attention_mask.bool()]  # padding may hold anything: it is never fed as a token
-        if bool(((real < 0) | (real >= vocab_size)).any()):
-            bad = real[(real < 0) | (real >= vocab_size)][0].item()
-            raise ValueError(f"input_ids holds token id {bad}, outside the target's vocabulary [0, {vocab_size})")
-    if limit is not None and int(lengths.max()) >= limit:
-        raise ValueError(
-            f"prompt of {int(lengths.max())} tokens is at or beyond the context limit of {limit} positions; "
-            f"prompts must be shorter than {limit} tokens"
-        )
-    return attention_mask
-
-
-def check_max_new_tokens(max_new_tokens: object) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-
-
-def eos_tensor(eos_token_id, device: torch.device, vocab_size: int | None = None) -> torch.Tensor | None:
-    if eos_token_id is None:
-        return None
-    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise ValueError(f"eos_token_id must be a token id, a list of token ids, or None; got {eos_token_id!r}")
-    if vocab_size is not None and max(ids) >= vocab_size:
-        raise ValueError(f"eos_token_id {max(ids)} is outside the target's vocabulary [0, {vocab_size}): it could "
-                         f"never be emitted")
-    return torch.tensor(ids, dtype=torch.long, device=device)

@@ -1,50 +1,24 @@
 """Drafters propose tokens; the decode loop decides what to keep and tells them through ``commit``.
 
-Interface (duck-typed, see ``Drafter``): ``start`` sees the prompt, ``propose(k, ...)`` returns only the new
-tokens (and their distributions where it has them), ``commit(outcome)`` learns what was kept. A drafter that
-holds a KV cache owns it and rolls it back in ``commit``, its one place to do so.
-
-A drafter with ``selects_rows = True`` also has ``select_rows(index [B'])``, which keeps only those batch rows: the
-loop then drops rows that finished from the batch. Without it, finished rows stay in the batch and feed holes.
-
-``propose`` takes an optional ``stop(draft_probs [B, V]) -> bool``, asked after each drafted token but the last
-with that token's softmax(draft logits) (before sampling settings); when it says True the drafter returns the
-tokens so far, so a proposal may hold fewer than k tokens (at least one). Drafters without distributions may
-ignore it. Drafters here: ``ModelDrafter`` (a small LM), ``NoDrafter`` (the baseline), and in their own modules
+The interface, with what a drafter may declare (``selects_rows``, ``models``), is ``specdec.interfaces.Drafter``.
+Drafters here: ``ModelDrafter`` (a small LM), ``NoDrafter`` (the baseline), and in their own modules
 ``specdec.ngram.NGramDrafter`` (prompt lookup) and ``specdec.early_exit.EarlyExitDrafter`` (the target's first
 layers).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol
-
 import torch
 
 from specdec.cache import KVCache, static_capacity
+from specdec.interfaces import Drafter, StopHook
 from specdec.sampling import SamplingConfig, greedy_choice, logits_to_probs, sample, usable
-from specdec.types import Proposal
-
-if TYPE_CHECKING:
-    from specdec.decode import StepOutcome
+from specdec.types import Proposal, StepOutcome
 
 DRAFT_ROOM_GUESS = 128  # new tokens a static draft cache first makes room for; it grows if a call needs more
-StopHook = Callable[[torch.Tensor], bool]  # [B, V] draft distribution of the token just drafted -> stop now?
 
 
-class Drafter(Protocol):
-    num_forwards: int  # draft forward passes since ``start`` (for the cost ratio)
-
-    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None: ...
-
-    def propose(
-        self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None = None
-    ) -> Proposal: ...
-
-    def commit(self, outcome: StepOutcome) -> None: ...
-
-
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """Drafts autoregressively with a small causal LM that shares the target's vocabulary."""
 
     name = "model"
@@ -59,6 +33,9 @@ class ModelDrafter:
         self.cache_layout = "static" if compile else cache_layout
         self.selects_rows = self.cache_layout == "dynamic"  # a static cache keeps its batch rows
         self.num_forwards = 0
+
+    def models(self) -> list[torch.nn.Module]:
+        return [self.model]
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
         """Cache the prompt but its last token, which the first ``propose`` feeds."""
@@ -122,11 +99,10 @@ class ModelDrafter:
             self.unfed_mask = torch.cat([kept_all, torch.ones_like(next_token)], 1) * self.live
 
 
-class NoDrafter:
+class NoDrafter(Drafter):
     """Proposes nothing: the decode loop with it is plain autoregressive decoding (the baseline)."""
 
     name = "none"
-    num_forwards = 0
     selects_rows = True
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:

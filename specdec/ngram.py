@@ -20,24 +20,18 @@ only Python loop is over n.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from specdec.drafters import StopHook
-from specdec.policies import check_draft_length
+from specdec.checks import check_draft_length
+from specdec.interfaces import Drafter, StopHook
 from specdec.sampling import SamplingConfig
-from specdec.types import Proposal
-
-if TYPE_CHECKING:
-    from specdec.decode import StepOutcome
+from specdec.types import Proposal, StepOutcome
 
 
-class NGramDrafter:
+class NGramDrafter(Drafter):
     """Prompt-lookup drafter: continue the longest (n <= max_ngram) most recent match of the current suffix."""
 
     name = "ngram"
-    num_forwards = 0  # no model, so no draft forwards
     selects_rows = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):

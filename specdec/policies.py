@@ -1,16 +1,8 @@
 """Draft-length policies: how many tokens the drafter proposes at each step.
 
-A policy answers ``next_k()`` before each step and learns from ``observe(outcome)`` after it. The loop still
-shrinks ``k`` near ``max_new_tokens`` and the context limit, so a policy never needs to know about either.
-``outcome.k`` is the number of tokens actually drafted, which can be less than ``next_k()`` asked for.
-
-A policy may also stop a draft part way (dynamic lookahead) by defining
-
-    should_stop(draft_probs [B, V], active [B]) -> bool
-
-which the loop asks after each drafted token but the last, with that token's draft distribution (the draft
-model's own softmax(logits), before the sampling settings) and the rows still generating. It is one host sync
-per drafted token, so policies without it leave it undefined and pay nothing.
+The interface, with the optional early stop (``stops_drafts``/``should_stop``), is
+``specdec.interfaces.DraftLengthPolicy``. The loop still shrinks ``k`` near ``max_new_tokens`` and the context limit,
+so a policy never needs to know about either.
 
 Policies: ``FixedLength`` (k every step), ``HeuristicLength`` (transformers' +2 / -1 rule), ``ConfidenceLength``
 (draft until the draft is unsure), ``CostOptimalLength`` (maximise the predicted speedup from running estimates).
@@ -20,33 +12,16 @@ Adaptive policies reset their state in ``start``, so every ``generate`` call beg
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from specdec.checks import check_draft_length, check_positive, check_probability
+from specdec.interfaces import DraftLengthPolicy
 from specdec.stats import predicted_speedup
-
-if TYPE_CHECKING:
-    from specdec.decode import StepOutcome
+from specdec.types import StepOutcome
 
 
-class DraftLengthPolicy(Protocol):
-    max_k: int  # the largest k the policy will ever ask for (sizes per-position statistics)
-
-    def start(self) -> None: ...
-
-    def next_k(self) -> int: ...
-
-    def observe(self, outcome: StepOutcome) -> None: ...
-
-
-def check_draft_length(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
-
-
-class FixedLength:
+class FixedLength(DraftLengthPolicy):
     """Always propose ``k`` tokens."""
 
     name = "fixed"
@@ -58,33 +33,11 @@ class FixedLength:
     def max_k(self) -> int:
         return self.k
 
-    def start(self) -> None:
-        """Nothing to reset: the length never changes."""
-
     def next_k(self) -> int:
         return self.k
 
-    def observe(self, outcome: StepOutcome) -> None:
-        """A fixed length learns nothing."""
 
-
-def check_probability(name: str, value: object, low_open: bool = False, high_open: bool = False) -> float:
-    """A float in [0, 1] (ends excluded where asked)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-    if not (0 < value if low_open else 0 <= value) or not (value < 1 if high_open else value <= 1):
-        interval = ("(" if low_open else "[") + "0, 1" + (")" if high_open else "]")
-        raise ValueError(f"{name} must be in {interval}, got {value!r}")
-    return float(value)
-
-
-def check_positive(name: str, value: object, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 if allow_zero else value > 0):
-        raise ValueError(f"{name} must be a number {'>=' if allow_zero else '>'} 0, got {value!r}")
-    return float(value)
-
-
-class HeuristicLength:
+class HeuristicLength(DraftLengthPolicy):
     """transformers' assisted-generation schedule: k <- k + 2 after a fully accepted draft, else k - 1.
 
     k starts at ``k0`` and stays in [k_min, k_max]. With a batch, a draft counts as fully accepted when every row
@@ -121,7 +74,7 @@ class HeuristicLength:
         self.k = min(self.k + 2, self.k_max) if fully_accepted else max(self.k - 1, self.k_min)
 
 
-class ConfidenceLength:
+class ConfidenceLength(DraftLengthPolicy):
     """Dynamic lookahead: draft up to ``k_max`` tokens, stopping after a token whose draft is unsure.
 
     After drafting token i (i < k_max) the draft stops when no generating row is confident, i.e. when
@@ -132,6 +85,7 @@ class ConfidenceLength:
     """
 
     name = "confidence"
+    stops_drafts = True
 
     def __init__(self, threshold: float = 0.4, k_max: int = 8):
         self.threshold = check_probability("threshold", threshold)
@@ -160,7 +114,7 @@ class ConfidenceLength:
 TIE_TOLERANCE = 1e-9  # relative: predicted speedups closer than this count as equal
 
 
-class CostOptimalLength:
+class CostOptimalLength(DraftLengthPolicy):
     """Each step choose k in [k_min, k_max] maximising the predicted speedup from running estimates of a and c.
 
     a (per-token acceptance): the i.i.d. model behind the formula makes each verified draft position a

@@ -9,64 +9,18 @@ Every strategy is called as ``strategy(draft_tokens, draft_probs, target_probs, 
 and returns ``Verdict(num_accepted [B], next_token [B])``. Both distributions have already been through
 ``sampling.logits_to_probs`` with the same settings. Strategies hold parameters only, never state.
 
-At temperature 0 both distributions are point masses. A strategy whose verdict on point masses is always greedy
-matching says so with ``greedy_at_point_masses = True``; the decode loop then calls ``greedy_verdict`` on token
-ids directly and never builds the [B, k+1, V] one-hot tensors. A strategy with another rule on point masses may
-give ``verdict_from_ids(draft_tokens [B, k], target_choice [B, k+1], generator) -> Verdict`` for the loop to call
-instead. Strategies with neither are always called, with one-hot distributions.
+The interface, and what a strategy declares about temperature 0, is ``specdec.interfaces.AcceptanceStrategy``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
+from specdec.interfaces import AcceptanceStrategy, as_strategy, count_leading_true, greedy_verdict
 from specdec.sampling import sample
 from specdec.types import Verdict
-
-
-class AcceptanceStrategy(Protocol):
-    name: str
-    lossless: bool
-    greedy_at_point_masses: bool  # optional; see the module docstring
-
-    def __call__(
-        self,
-        draft_tokens: torch.Tensor,
-        draft_probs: torch.Tensor,
-        target_probs: torch.Tensor,
-        generator: torch.Generator,
-    ) -> Verdict: ...
-
-
-def count_leading_true(accepted: torch.Tensor) -> torch.Tensor:
-    """[B, k] bool -> [B] long: length of the all-True prefix of each row."""
-    return accepted.long().cumprod(-1).sum(-1)
-
-
-def greedy_verdict(draft_tokens: torch.Tensor, target_choice: torch.Tensor) -> Verdict:
-    """Keep drafts while they equal the target's choice; emit the target's choice at the first mismatch.
-
-    draft_tokens [B, k], target_choice [B, k+1] (the argmax of each target distribution).
-    """
-    k = draft_tokens.shape[1]
-    num_accepted = count_leading_true(draft_tokens == target_choice[:, :k])  # [B]
-    next_token = target_choice.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # [B]
-    return Verdict(num_accepted, next_token)
-
-
-def point_mass_rule(strategy: AcceptanceStrategy):
-    """The strategy's verdict at temperature 0 from token ids alone, ``rule(draft_tokens [B, k], target_choice
-    [B, k+1], generator) -> Verdict``: its own ``verdict_from_ids``, greedy matching if it declares
-    ``greedy_at_point_masses``, else None (it must then be called with one-hot distributions)."""
-    own = getattr(strategy, "verdict_from_ids", None)
-    if own is not None:
-        return own
-    if getattr(strategy, "greedy_at_point_masses", False):
-        return lambda draft_tokens, target_choice, generator: greedy_verdict(draft_tokens, target_choice)
-    return None
 
 
 def probs_of(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -88,7 +42,7 @@ def sample_at_first_rejection(
 
 
 @dataclass(frozen=True)
-class Greedy:
+class Greedy(AcceptanceStrategy):
     """Accept draft token i while it equals argmax p_i; emit argmax p at the first mismatch.
 
     Equals the target's own greedy decoding (lossless at temperature 0, the only setting it allows).
@@ -103,7 +57,7 @@ class Greedy:
 
 
 @dataclass(frozen=True)
-class Speculative:
+class Speculative(AcceptanceStrategy):
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 
     Accept x_i ~ q_i with probability min(1, p_i(x_i) / (l * q_i(x_i))); at the first rejection emit a sample of
@@ -140,7 +94,7 @@ class Speculative:
 
 
 @dataclass(frozen=True)
-class Typical:
+class Typical(AcceptanceStrategy):
     """Typical acceptance (Medusa, Cai et al. 2024): accept x_i while p_i(x_i) > min(epsilon, delta exp(-H(p_i))).
 
     Lossy. The next token is a sample of p at the first rejected (or bonus) position. At temperature 0 p is a
@@ -176,7 +130,7 @@ class Typical:
 
 
 @dataclass(frozen=True)
-class TopK:
+class TopK(AcceptanceStrategy):
     """Accept x_i while it is among the n most likely tokens of p_i (and p_i(x_i) > 0). Lossy.
 
     The next token is a sample of p at the first rejected (or bonus) position. At temperature 0 only the argmax
@@ -201,7 +155,7 @@ class TopK:
 
 
 @dataclass(frozen=True)
-class SyntheticAcceptance:
+class SyntheticAcceptance(AcceptanceStrategy):
     """Accept each draft token with probability ``acceptance``, whatever the tokens; for benchmarks only.
 
     num_accepted ~ the leading successes of k Bernoulli(a) trials, so P(n >= i) = a^i, as Leviathan's i.i.d.
@@ -214,6 +168,7 @@ class SyntheticAcceptance:
     acceptance: float = 0.7
     name: str = "synthetic"
     lossless: bool = False
+    judges_ids = True  # at temperature 0 its own rule on ids (verdict_from_ids), not greedy matching
 
     def __post_init__(self) -> None:
         if isinstance(self.acceptance, bool) or not isinstance(self.acceptance, (int, float)):
@@ -245,11 +200,9 @@ STRATEGIES = {
 
 
 def make_strategy(strategy: str | AcceptanceStrategy, **params) -> AcceptanceStrategy:
-    """A strategy by name (with its parameters), or an already built one."""
+    """A strategy by name (with its parameters), or an already built one (a plain callable is wrapped)."""
     if not isinstance(strategy, str):
-        if not callable(strategy):
-            raise TypeError(f"strategy must be a name or a callable strategy, got {type(strategy).__name__}")
-        return strategy
+        return as_strategy(strategy)
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; known strategies: {', '.join(STRATEGIES)}")
     return STRATEGIES[strategy](**params)

@@ -32,3 +32,20 @@ class Verdict:
 
     num_accepted: torch.Tensor  # [B] long in [0, k]: leading draft tokens kept
     next_token: torch.Tensor  # [B] long: the token emitted after the kept drafts (correction or bonus)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one step decided, for drafters and policies to learn from (``Drafter.commit``, ``observe``)."""
+
+    k: int  # drafts proposed this step
+    num_accepted: torch.Tensor  # [B] drafts kept per row
+    next_token: torch.Tensor  # [B] token emitted after the kept drafts
+    new_tokens: torch.Tensor  # [B, k+1] kept drafts then next_token; only the first num_new are real
+    num_new: torch.Tensor  # [B] tokens emitted this step (0 for rows already finished)
+    active: torch.Tensor  # [B] bool, rows still generating during this step
+    active_after: torch.Tensor  # [B] bool, rows still generating after it (the others leave the batch or feed holes)
+    max_accepted: int  # host copies over active rows
+    min_accepted: int
+    draft_seconds: float
+    target_seconds: float

@@ -16,7 +16,8 @@ from scipy.stats import chisquare
 
 import specdec
 from specdec.sampling import SamplingConfig, logits_to_probs, sample
-from specdec.strategies import Speculative, count_leading_true
+from specdec.interfaces import count_leading_true
+from specdec.strategies import Speculative
 from specdec.types import Verdict
 from conftest import tiny_gpt2
 

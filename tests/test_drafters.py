@@ -19,13 +19,15 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import specdec
-from specdec.decode import Decoder, StepOutcome
+from specdec.decode import Decoder
 from specdec.drafters import ModelDrafter
 from specdec.early_exit import EarlyExitDrafter, shallow_view
+from specdec.interfaces import count_leading_true
 from specdec.ngram import NGramDrafter
 from specdec.policies import ConfidenceLength, CostOptimalLength, FixedLength, HeuristicLength
 from specdec.sampling import SamplingConfig, sample
-from specdec.strategies import Speculative, count_leading_true, probs_of, row_at
+from specdec.strategies import Speculative, probs_of, row_at
+from specdec.types import StepOutcome
 from specdec.types import Verdict
 from conftest import left_pad, tiny_gpt2
 

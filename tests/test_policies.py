@@ -10,7 +10,7 @@ import itertools
 import pytest
 import torch
 
-from specdec.decode import StepOutcome
+from specdec.types import StepOutcome
 from specdec.policies import ConfidenceLength, CostOptimalLength, FixedLength, HeuristicLength
 from specdec.stats import predicted_speedup
 

@@ -8,7 +8,8 @@ from conftest import hf_greedy, left_pad, random_prompts
 
 import specdec
 from specdec.sampling import SamplingConfig, greedy_choice, logits_to_probs, one_hot_probs, usable
-from specdec.strategies import Greedy, Speculative, TopK, Typical, greedy_verdict, make_strategy
+from specdec.interfaces import greedy_verdict
+from specdec.strategies import Greedy, Speculative, TopK, Typical, make_strategy
 
 GEN = torch.Generator().manual_seed(0)
 
