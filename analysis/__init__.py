@@ -7,8 +7,9 @@ from analysis.load import (
     load_wandb_runs,
     per_position_long,
 )
-from analysis.summarize import confidence_interval, predicted_speedup, summarize_runs
+from analysis.summarize import predicted_speedup, summarize_runs
 from analysis.tables import pivot_metric, to_markdown
+from specdec.results import confidence_interval
 
 __all__ = [
     "PartialRunWarning",

@@ -1,7 +1,8 @@
 """Read experiment results (docs/results-schema.md) into one tidy frame: one row per (run, prompt).
 
 Run directories are found by their `rows.jsonl`; a run without `summary.json` was killed and is loaded as
-`partial`. Every inconsistency raises a one-line `ResultsError` naming the file or run it came from.
+`partial`. Every inconsistency raises a one-line `ResultsError` naming the file or run it came from. File names,
+metric columns and the parsing of rows come from the schema module, ``specdec.results``.
 """
 
 from __future__ import annotations
@@ -17,21 +18,11 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-# Metric columns of a row (docs/results-schema.md); every other column describes the run or the prompt.
-METRIC_COLUMNS = (
-    "emitted", "drafted", "accepted", "target_calls", "draft_calls",
-    "acceptance_rate", "mean_accepted_length", "per_position_acceptance", "expected_acceptance",
-    "draft_seconds", "target_seconds", "other_seconds", "spec_seconds", "baseline_seconds", "baseline_emitted",
-    "spec_tokens_per_s", "baseline_tokens_per_s", "speedup", "cost_ratio", "predicted_speedup",
-    "ttft_seconds", "itl_seconds", "baseline_ttft_seconds", "baseline_itl_seconds",
-)
-PROMPT_COLUMNS = ("prompt_id", "prompt_tokens")
+from specdec.results import CONFIG, INTERVAL_METRICS, ROWS, SUMMARY, parse_rows
+
 # What analysis/ itself reads; other schema columns are loaded when present.
-REQUIRED_COLUMNS = (
-    "run_id", "prompt_id", "pair", "strategy", "k", "sampling",
-    "acceptance_rate", "mean_accepted_length", "per_position_acceptance",
-    "speedup", "spec_tokens_per_s", "baseline_tokens_per_s", "cost_ratio",
-)
+REQUIRED_COLUMNS = ("run_id", "prompt_id", "pair", "strategy", "k", "sampling", *INTERVAL_METRICS,
+                    "per_position_acceptance")
 
 
 class ResultsError(ValueError):
@@ -69,9 +60,9 @@ def find_run_dirs(paths) -> list[Path]:
             raise ResultsError(f"{path}: no such file or directory")
         if not path.is_dir():
             raise ResultsError(f"{path}: not a directory; pass a run or sweep directory")
-        rows_files = sorted(path.rglob("rows.jsonl"), key=lambda p: _natural_key(p.relative_to(path)))
+        rows_files = sorted(path.rglob(ROWS), key=lambda p: _natural_key(p.relative_to(path)))
         if not rows_files:
-            raise ResultsError(f"{path}: no runs found (no rows.jsonl in it or below it)")
+            raise ResultsError(f"{path}: no runs found (no {ROWS} in it or below it)")
         found.update((p.parent.resolve(), None) for p in rows_files)
     return list(found)
 
@@ -83,40 +74,41 @@ def _natural_key(path: Path) -> list:
 
 def read_run(run_dir: Path, config_keys: tuple[str, ...] = ()) -> RunRows:
     """Rows of one run directory; warns when the run is partial."""
-    partial = not (run_dir / "summary.json").exists()
-    rows = read_rows(run_dir / "rows.jsonl", partial)
+    partial = not (run_dir / SUMMARY).exists()
+    rows = read_rows(run_dir / ROWS, partial)
     if partial:
-        warnings.warn(f"{run_dir}: no summary.json, loaded {len(rows)} rows of a partial (killed?) run",
+        warnings.warn(f"{run_dir}: no {SUMMARY}, loaded {len(rows)} rows of a partial (killed?) run",
                       PartialRunWarning)
     if config_keys:
-        add_config(rows, read_config(run_dir / "config.yaml"), config_keys, run_dir)
+        add_config(rows, read_config(run_dir / CONFIG), config_keys, run_dir)
     return RunRows(str(run_dir), rows, partial)
 
 
 def read_rows(path: Path, partial: bool) -> list[dict]:
-    """Parse rows.jsonl. A killed run may end in a half-written line, which is dropped with a warning."""
-    lines = [(number, line) for number, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
-    if not lines:
+    """The rows of rows.jsonl, parsed as resume parses them (``specdec.results.parse_rows``: two rows merged on
+    one line are both kept). A killed run may end in a half-written line, which is dropped with a warning; any
+    other piece that does not parse is an error (resume sets such pieces aside, so a finished run has none)."""
+    text = path.read_text(encoding="utf-8")
+    rows, unparsed = parse_rows(text)
+    last_line = max((number for number, line in enumerate(text.splitlines(), 1) if line.strip()), default=0)
+    if not rows and not unparsed:
         raise ResultsError(f"{path}: no rows; a run must finish at least one prompt to be loaded")
-    rows = []
-    for number, line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            if partial and number == lines[-1][0] and rows:
-                warnings.warn(f"{path}:{number}: dropped a half-written last row ({err.msg})", PartialRunWarning)
-                break
-            raise ResultsError(f"{path}:{number}: not valid JSON ({err.msg})") from err
-        if not isinstance(row, dict):
-            raise ResultsError(f"{path}:{number}: a row must be a JSON object, got {type(row).__name__}")
-        rows.append(row)
+    for number, piece in unparsed:
+        if partial and number == last_line and rows:
+            warnings.warn(f"{path}:{number}: dropped a half-written last row ({shorten(piece)})", PartialRunWarning)
+            continue
+        raise ResultsError(f"{path}:{number}: not a row (a JSON object): {shorten(piece)}")
     return rows
+
+
+def shorten(piece: str, width: int = 40) -> str:
+    return repr(piece if len(piece) <= width else piece[:width] + "...")
 
 
 def read_config(path: Path) -> dict:
     """The resolved Hydra config of a run."""
     if not path.exists():
-        raise ResultsError(f"{path}: missing; config_keys need the run's config.yaml")
+        raise ResultsError(f"{path}: missing; config_keys need the run's {CONFIG}")
     return yaml.safe_load(path.read_text()) or {}
 
 

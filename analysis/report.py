@@ -1,6 +1,6 @@
 """Write report.md (summary, pivots, plots, the fastest setting) for run or sweep directories.
 
-    python analysis/report.py <run or sweep dir> [more dirs...] [--out DIR]
+    python -m analysis.report <run or sweep dir> [more dirs...] [--out DIR]     (from the repository root)
 """
 
 from __future__ import annotations
@@ -11,15 +11,13 @@ import sys
 import warnings
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: `analysis` lives in the repo root
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import pandas as pd
 
 from analysis.load import PartialRunWarning, ResultsError, load_runs
 from analysis.plots import plot_acceptance, plot_per_position, plot_speedup, plot_throughput
-from analysis.summarize import MIN_PROMPTS_FOR_INTERVAL, format_value, setting_label, summarize_runs, varying_axes
+from analysis.summarize import format_value, setting_label, summarize_runs, varying_axes
 from analysis.tables import format_cell, pivot_metric, to_markdown
+from specdec.results import MIN_PROMPTS_FOR_INTERVAL, ROWS, SUMMARY
 
 PIVOT_METRICS = ("speedup", "acceptance_rate", "mean_accepted_length")
 PLOTS = (
@@ -48,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Summarize specdec runs into report.md with tables and plots.")
-    parser.add_argument("paths", nargs="+", help="run directories or sweep directories (searched for rows.jsonl)")
+    parser.add_argument("paths", nargs="+", help=f"run directories or sweep directories (searched for {ROWS})")
     parser.add_argument("--out", help="directory for report.md, CSVs and PNGs (default: the first path)")
     return parser.parse_args(argv)
 
@@ -90,7 +88,7 @@ def header(paths: list[str], frame: pd.DataFrame, summary: pd.DataFrame) -> str:
         f"{frame['prompt_id'].nunique()} distinct prompts; from {', '.join(f'`{p}`' for p in paths)}",
     ]
     for _, run in summary[summary["partial"]].iterrows():
-        lines.append(f"- **Partial run** (no summary.json, killed?): `{run['run_dir']}`, "
+        lines.append(f"- **Partial run** (no {SUMMARY}, killed?): `{run['run_dir']}`, "
                      f"{run['n_prompts']} prompts loaded")
     lines += ["", fastest_sentence(summary), ""]
     return "\n".join(lines)

@@ -6,39 +6,17 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 import specdec
-from analysis.load import METRIC_COLUMNS, PROMPT_COLUMNS, per_position_long
+from analysis.load import per_position_long
+from specdec.results import INTERVAL_METRICS, METRIC_COLUMNS, PROMPT_COLUMNS, confidence_interval
 
-SUMMARIZED_METRICS = (
-    "speedup", "acceptance_rate", "mean_accepted_length", "spec_tokens_per_s", "baseline_tokens_per_s", "cost_ratio",
-)
-# Where each summarized metric can lie: its interval is clipped to this range (a t interval on few, spread-out
-# prompts can reach below 0 or above 1). Other metrics are unbounded.
-METRIC_RANGES = {"acceptance_rate": (0.0, 1.0), "speedup": (0.0, math.inf), "mean_accepted_length": (0.0, math.inf),
-                 "spec_tokens_per_s": (0.0, math.inf), "baseline_tokens_per_s": (0.0, math.inf),
-                 "cost_ratio": (0.0, math.inf), "predicted_speedup": (0.0, math.inf)}
-MIN_PROMPTS_FOR_INTERVAL = 3  # with 2, t_{0.975, 1} = 12.7: an "interval" that says nothing
+# A run's predicted speedup is recomputed from its mean acceptance rate and mean cost ratio, not averaged.
+SUMMARIZED_METRICS = tuple(metric for metric in INTERVAL_METRICS if metric != "predicted_speedup")
 STAT_COLUMNS = tuple(f"{metric}_{stat}" for metric in SUMMARIZED_METRICS for stat in ("mean", "ci_low", "ci_high"))
 # Summary columns that describe neither a setting nor a summarized metric.
 BOOKKEEPING_COLUMNS = ("run_id", "group", "run_dir", "partial", "n_prompts", "predicted_speedup",
                        "per_position_acceptance")
-
-
-def confidence_interval(values, level: float = 0.95, metric: str | None = None) -> tuple[float, float, float]:
-    """(mean, low, high): mean ± t_{(1+level)/2, n-1} · s / sqrt(n) over the non-null values, clipped to the
-    metric's range (``METRIC_RANGES``); NaN bounds with fewer than ``MIN_PROMPTS_FOR_INTERVAL`` values."""
-    x = pd.Series(values, dtype=float).dropna().to_numpy()
-    n = len(x)
-    if n == 0:
-        return math.nan, math.nan, math.nan
-    mean = float(x.mean())
-    if n < MIN_PROMPTS_FOR_INTERVAL:
-        return mean, math.nan, math.nan
-    half = float(stats.t.ppf((1 + level) / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
-    lowest, highest = METRIC_RANGES.get(metric, (-math.inf, math.inf))
-    return mean, max(mean - half, lowest), min(mean + half, highest)
 
 
 def predicted_speedup(alpha, k, cost_ratio) -> np.ndarray:

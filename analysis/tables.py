@@ -1,4 +1,5 @@
-"""Comparison tables: a metric pivoted over setting axes, and a dependency-free markdown formatter."""
+"""Comparison tables: a metric pivoted over setting axes, and frames as Markdown (``specdec.results``'s table
+writer, which the benches use too)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pandas as pd
 
 from analysis.load import ResultsError
 from analysis.summarize import format_value
+from specdec.results import markdown_table
 
 
 def pivot_metric(data: pd.DataFrame, metric: str, rows: str | list[str], cols: str | list[str] | None = None
@@ -62,10 +64,8 @@ def to_markdown(frame: pd.DataFrame, index: bool = True) -> str:
     """A GitHub markdown table (named index levels become leading columns); numbers to 3 significant figures."""
     if index and any(name is not None for name in frame.index.names):
         frame = frame.reset_index()
-    header = [str(column) for column in frame.columns]
     body = [[format_cell(value) for value in row] for row in frame.itertuples(index=False)]
-    lines = [header, ["---"] * len(header)] + body
-    return "\n".join("| " + " | ".join(cell.replace("|", r"\|") for cell in line) + " |" for line in lines) + "\n"
+    return markdown_table([str(column) for column in frame.columns], body) + "\n"
 
 
 def format_cell(value) -> str:

@@ -1,8 +1,8 @@
 """Benchmark specdec against transformers, profile the pair's costs, and measure batch scaling.
 
-    python experiments/bench.py                       # embedded pair (the README table)
-    python experiments/bench.py --pair gpt2-xl-shaped # GPT-2 small -> XL shapes, random weights: costs only
-    python experiments/bench.py --pair gpt2-xl        # the real pair, where the hub is reachable
+    python -m experiments.bench                       # embedded pair (the README table)
+    python -m experiments.bench --pair gpt2-xl-shaped # GPT-2 small -> XL shapes, random weights: costs only
+    python -m experiments.bench --pair gpt2-xl        # the real pair, where the hub is reachable
 
 Everything is measured in one process, after warm-up, with methods interleaved per prompt (the order rotates), and
 the device synchronised before every clock read. Prints Markdown tables and writes them with a JSON copy to --out.
@@ -14,18 +14,17 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import specdec  # noqa: E402
-from specdec.cache import KVCache  # noqa: E402
-from specdec.timing import Clock  # noqa: E402
+import specdec
+from specdec import Clock
+from specdec.batching import left_pad
+from specdec.profile import time_forwards
+from specdec.results import markdown_table
 
 
 @dataclass
@@ -98,7 +97,7 @@ class Tally:
 def ours(pair: Pair, k: int | None, temperature: float, max_new_tokens: int, batch: list[list[int]], seed: int,
          stop_at_eos: bool = True, stats: list | None = None, compile: bool = False):
     """Our decoding of one batch; its DecodeStats are appended to ``stats`` if given."""
-    ids, mask = left_pad(batch, pair.target.device)
+    ids, mask = left_pad(batch, device=pair.target.device)
     out = specdec.generate(pair.target, ids, draft=pair.draft if k else None, attention_mask=mask, k=k or 1,
                            max_new_tokens=max_new_tokens, temperature=temperature,
                            eos_token_id=pair.eos_token_id if stop_at_eos else None, seed=seed, compile=compile)
@@ -131,13 +130,6 @@ def transformers_generate(pair: Pair, k: int | None, temperature: float, max_new
     out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                eos_token_id=pair.eos_token_id, pad_token_id=pair.eos_token_id or 0, **sampling, **assistant)
     return [out[0, ids.shape[1]:].tolist()]
-
-
-def left_pad(batch: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, batch))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
-    return ids, mask
 
 
 def run_interleaved(pair: Pair, methods: dict, prompts, max_new_tokens: int, clock: Clock) -> dict:
@@ -220,26 +212,14 @@ def baseline_summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def time_forward(cache: KVCache, tokens: torch.Tensor, clock: Clock, repeats: int) -> float:
-    """Median seconds of one forward of ``tokens`` [B, n] on top of the cache, rolled back after each."""
-    times = []
-    for _ in range(repeats + 2):
-        start = clock.now()
-        cache.forward(tokens, torch.ones_like(tokens))
-        times.append(clock.now() - start)
-        cache.keep(torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device), tokens.shape[1], 0)
-    return statistics.median(times[2:])
-
-
 def cost_profile(pair: Pair, clock: Clock, repeats: int) -> dict:
+    """Milliseconds per forward over the first prompt (batch 1, eager): the draft's of one token, the target's of
+    1..9 tokens (verifying k drafts feeds k + 1), and the cost ratio c."""
     prompt = torch.tensor([pair.prompts[0]], device=pair.target.device)
-    profile = {}
-    with torch.no_grad():
-        for role, model in (("draft", pair.draft), ("target", pair.target)):
-            cache = KVCache(model, 1, prompt.device, role)
-            cache.forward(prompt, torch.ones_like(prompt))
-            for n in range(1, 10) if role == "target" else (1,):
-                profile[f"{role}_forward_{n}_ms"] = 1000 * time_forward(cache, prompt[:, :n], clock, repeats)
+    draft = time_forwards(pair.draft, prompt, [1], repeats, clock=clock, label="draft")
+    target = time_forwards(pair.target, prompt, range(1, 10), repeats, clock=clock, label="target")
+    profile = {"draft_forward_1_ms": 1000 * draft[1], **{f"target_forward_{n}_ms": 1000 * seconds
+                                                         for n, seconds in target.items()}}
     profile["cost_ratio"] = profile["draft_forward_1_ms"] / profile["target_forward_1_ms"]
     return {key: round(value, 3) for key, value in profile.items()}
 
@@ -304,10 +284,9 @@ def batch_scaling(pair: Pair, k: int, batch_sizes: list[int], max_new_tokens: in
 
 
 def markdown(rows: list[dict]) -> str:
+    """Rows of the same keys as a Markdown table, values as they are (the benches round them first)."""
     header = list(rows[0])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(row[h]) for h in header) + " |" for row in rows]
-    return "\n".join(lines)
+    return markdown_table(header, [[row[key] for key in header] for row in rows])
 
 
 def positive_int(text: str) -> int:

@@ -1,9 +1,5 @@
-"""The run directory (docs/results-schema.md): rows appended as produced, resume, and the closing summary.
-
-    <run_dir>/config.yaml   resolved config, written before the first prompt
-    <run_dir>/rows.jsonl    one JSON object per prompt, flushed as each prompt finishes
-    <run_dir>/summary.json  written at the end; its absence marks a partial (killed) run
-    <run_dir>/rows.set-aside.jsonl   lines of rows.jsonl that did not parse, moved aside on resume (rarely present)
+"""Writing a run directory (layout and file names: ``specdec.results``): rows appended as produced, resume, and
+the closing summary.
 """
 
 from __future__ import annotations
@@ -16,19 +12,23 @@ from pathlib import Path
 
 import yaml
 
-from analysis.summarize import MIN_PROMPTS_FOR_INTERVAL, confidence_interval
 from experiments.checks import ConfigError
+from specdec.results import (
+    CONFIG,
+    INTERVAL_METRICS,
+    MIN_PROMPTS_FOR_INTERVAL,
+    ROWS,
+    SET_ASIDE,
+    SUMMARY,
+    confidence_interval,
+    finite_values,
+    parse_rows,
+    read_rows,
+)
 
-CONFIG, ROWS, SUMMARY = "config.yaml", "rows.jsonl", "summary.json"
-SET_ASIDE = "rows.set-aside.jsonl"  # pieces of rows.jsonl that did not parse, moved here by ``recover_rows``
 HYDRA_OWN_FILES = {".hydra", "run.log"}  # what Hydra writes into a run directory before the job starts
 # Keys that may differ between a run and its resumption.
 RESUME_FREE_KEYS = ("resume", "group")
-# Metrics summarised as mean and 95% CI over prompts.
-SUMMARY_METRICS = (
-    "speedup", "acceptance_rate", "mean_accepted_length", "spec_tokens_per_s", "baseline_tokens_per_s",
-    "cost_ratio", "predicted_speedup",
-)
 
 
 def finite_or_none(value):
@@ -63,44 +63,6 @@ class RowWriter:
         self.file.close()
 
 
-def parse_line(line: str) -> tuple[list[dict], list[str]]:
-    """The rows on one line of rows.jsonl, and the pieces of it that do not parse. A line can hold more than one
-    row: a row that lost its newline had the next one appended to it. After a piece that does not parse, parsing
-    resumes at the next "{", so a torn row never takes an intact one with it."""
-    decoder, rows, unparsed, text = json.JSONDecoder(), [], [], line.strip()
-    position = 0
-    while position < len(text):
-        try:
-            row, end = decoder.raw_decode(text, position)
-            if not isinstance(row, dict):
-                raise ValueError("a row is a JSON object")
-        except ValueError:
-            following = text.find("{", position + 1)
-            end = following if following != -1 else len(text)
-            unparsed.append(text[position:end].strip())
-            position = end
-            continue
-        rows.append(row)
-        position = len(text) - len(text[end:].lstrip())
-    return rows, unparsed
-
-
-def parse_rows(text: str) -> tuple[list[dict], list[str]]:
-    """Every row in rows.jsonl text, and the pieces of lines that do not parse."""
-    rows, unparsed = [], []
-    for line in text.splitlines():
-        line_rows, line_unparsed = parse_line(line)
-        rows += line_rows
-        unparsed += line_unparsed
-    return rows, unparsed
-
-
-def read_rows(run_dir: Path) -> list[dict]:
-    """The rows written so far (pieces that do not parse are skipped; ``recover_rows`` sets them aside)."""
-    path = run_dir / ROWS
-    return parse_rows(path.read_text(encoding="utf-8"))[0] if path.exists() else []
-
-
 def recover_rows(run_dir: Path) -> tuple[list[dict], int]:
     """Before rows are appended to an existing rows.jsonl: rewrite it as one row per line, keeping every row that
     parses (also two rows merged on one line), and move every piece that does not parse to rows.set-aside.jsonl.
@@ -114,7 +76,7 @@ def recover_rows(run_dir: Path) -> tuple[list[dict], int]:
     clean = "".join(json.dumps(row) + "\n" for row in rows)
     if unparsed:
         with open(run_dir / SET_ASIDE, "a", encoding="utf-8") as side:
-            side.write("".join(piece + "\n" for piece in unparsed))
+            side.write("".join(piece + "\n" for _, piece in unparsed))
     if clean != text:
         staging = path.with_suffix(".jsonl.tmp")
         staging.write_text(clean, encoding="utf-8")
@@ -216,16 +178,16 @@ def finite_or_none_deep(data):
 
 
 def mean_ci(values: list, metric: str | None = None) -> tuple[float, float, float, int]:
-    """(mean, low, high, n) over the finite values: the same 95% Student t interval as analysis/ reports, clipped
-    to the metric's range, NaN bounds with too few prompts."""
-    x = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    """(mean, low, high, n) over the finite values: the schema's 95% Student t interval (the one analysis/
+    reports), clipped to the metric's range, NaN bounds with too few prompts."""
+    x = finite_values(values)
     return (*confidence_interval(x, metric=metric), len(x))
 
 
 def summarize(rows: list[dict]) -> dict:
     """Per metric: mean and 95% t interval over prompts; pooled totals as a cross-check."""
     metrics = {}
-    for name in SUMMARY_METRICS:
+    for name in INTERVAL_METRICS:
         mean, low, high, n = mean_ci([row.get(name) for row in rows], metric=name)
         metrics[name] = {"mean": mean, "ci_low": low, "ci_high": high, "n": n}
     total = lambda key: sum(row.get(key) or 0 for row in rows)  # noqa: E731

@@ -12,7 +12,7 @@ repeated on each of its rows, whose ``batch_size`` column says how many rows sha
 
 from __future__ import annotations
 
-import inspect
+import copy
 import math
 import sys
 import time
@@ -30,8 +30,9 @@ from tqdm import tqdm
 
 import specdec
 from experiments import results
-from specdec.api import model_device
-from experiments.checks import ConfigError, build_model_free, one_line, validate
+from experiments.checks import ConfigError, complete_drafter, one_line, validate
+from specdec.batching import left_pad
+from specdec.results import CONFIG, SET_ASIDE, SUMMARY, read_rows
 
 
 @dataclass
@@ -66,6 +67,7 @@ class Setting:
     draft_length: object
     sampling: specdec.SamplingConfig
     drafter_factory: Callable
+    drafter: object | None  # built already if it needs no loaded model, else None (built from the factory)
     columns: dict  # identity columns shared by every row of the run
 
 
@@ -74,7 +76,7 @@ def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = No
 
     ``after_row`` is called with each row once it is on disk (tests use it to simulate a kill).
     """
-    skip_reason = validate(cfg)
+    objects, skip_reason = validate(cfg)
     if skip_reason and not job.in_sweep:
         raise ConfigError(f"{skip_reason} (a sweep skips such a job; a single run refuses it)")
     config = resolved(cfg)
@@ -84,7 +86,7 @@ def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = No
     if skip_reason:
         print(f"skipping job: {skip_reason}", file=sys.stderr)
         out_dir.mkdir(parents=True, exist_ok=True)
-        results.write_json(out_dir / results.SUMMARY, {"status": "skipped", "reason": skip_reason})
+        results.write_json(out_dir / SUMMARY, {"status": "skipped", "reason": skip_reason})
         return None
     prompts = load_checked_prompts(cfg)
     if cfg.threads is not None:
@@ -96,33 +98,33 @@ def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = No
     group = done_rows[0]["group"] if done_rows else (cfg.group or job.default_group)
     config["group"] = group
     out_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(OmegaConf.create(config), out_dir / results.CONFIG)
+    OmegaConf.save(OmegaConf.create(config), out_dir / CONFIG)
 
     done = {row["prompt_id"] for row in done_rows}
     todo = [p for p in prompts if str(p.id) not in done]
     if note or done_rows or set_aside:
         print(resume_report(note or f"continuing {out_dir}", len(done_rows), set_aside, len(todo)), file=sys.stderr)
-    setting = build_setting(cfg, job, group, run_id)
+    setting = build_setting(cfg, job, objects, group, run_id)
     logger = instantiate(cfg.logger)
     logger.start(run_id, group, run_name(setting.columns), config, out_dir)
     failed = True
     try:
         if todo:
             decode_prompts(cfg, setting, todo, out_dir, done_rows, len(prompts), logger, after_row)
-        rows = results.read_rows(out_dir)
+        rows = read_rows(out_dir)
         summary = {"run_id": run_id, "group": group, "status": "complete", **identity(rows[0]),
                    "batch_size": cfg.batch_size, **results.summarize(rows)}
-        results.write_json(out_dir / results.SUMMARY, summary)
+        results.write_json(out_dir / SUMMARY, summary)
         print(results.format_table(summary, title(rows[0], len(rows), out_dir)))
         failed = False
     finally:
-        logger.finish(results.read_rows(out_dir), summary if not failed else {"status": "failed"}, failed)
+        logger.finish(read_rows(out_dir), summary if not failed else {"status": "failed"}, failed)
     return summary
 
 
 def resume_report(note: str, kept: int, set_aside: int, left: int) -> str:
     """One line saying what a resumed run found."""
-    aside = f", {set_aside} unreadable line piece(s) set aside in {results.SET_ASIDE}" if set_aside else ""
+    aside = f", {set_aside} unreadable line piece(s) set aside in {SET_ASIDE}" if set_aside else ""
     return f"{note}: {kept} row(s) kept{aside}, {left} prompt(s) left"
 
 
@@ -156,8 +158,8 @@ def load_checked_prompts(cfg: DictConfig) -> list:
     return prompts
 
 
-def build_setting(cfg: DictConfig, job: Job, group: str, run_id: str) -> Setting:
-    objects = build_model_free(cfg)
+def build_setting(cfg: DictConfig, job: Job, objects: dict, group: str, run_id: str) -> Setting:
+    """The run's setting from the objects ``validate`` built, and the identity columns of its rows."""
     sampling = objects["sampling"]
     strategy, policy = objects["strategy"], objects["draft_length"]
     columns = {
@@ -187,7 +189,7 @@ def build_setting(cfg: DictConfig, job: Job, group: str, run_id: str) -> Setting
         for key, value in cfg[group_name].items():
             if not key.startswith("_") and key != "k" and isinstance(value, (int, float, str, bool, type(None))):
                 columns[f"{group_name}_{key}"] = value
-    return Setting(strategy, policy, sampling, objects["drafter"], columns)
+    return Setting(strategy, policy, sampling, objects["drafter_factory"], objects["drafter"], columns)
 
 
 def identity(row: dict) -> dict:
@@ -205,13 +207,16 @@ def title(columns: dict, num_rows: int, out_dir: Path) -> str:
             f"sampling={columns['sampling']} ({num_rows} prompts)")
 
 
-def make_drafter(factory: Callable, pair, compile: bool = False) -> object:
-    """Complete the drafter constructor with what it asks for by name: the loaded models (model, target,
-    tokenizer) and the run's ``compile`` switch."""
+def pair_drafter(setting: Setting, pair, compile: bool) -> object:
+    """The run's drafter: built before loading, or now from the loaded models (model, target, tokenizer) and the
+    run's ``compile`` switch, where what needs them (e.g. layers the target has) fails in one line."""
+    if setting.drafter is not None:
+        return setting.drafter
     available = {"model": pair.draft, "target": pair.target, "tokenizer": pair.tokenizer, "compile": compile}
-    parameters = inspect.signature(factory).parameters
-    bound = getattr(factory, "keywords", {}) or {}
-    return factory(**{name: value for name, value in available.items() if name in parameters and name not in bound})
+    try:
+        return complete_drafter(setting.drafter_factory, available)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"drafter: {one_line(err)}") from None
 
 
 def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, total: int, logger, after_row) -> None:
@@ -219,19 +224,16 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
     transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bars say nothing a run needs
     pair = instantiate(cfg.pair)
     tokenizer = pair.tokenizer
-    device = model_device(pair.target)
+    device = pair.target.device
     setting.columns.update(
         pair=getattr(pair, "name", None) or setting.columns["pair"],
         device=str(device),
         dtype=str(next(pair.target.parameters()).dtype).removeprefix("torch."),
     )
     # The baseline gets its own policy object, so an adaptive policy never learns from k = 0 steps.
-    baseline = specdec.Decoder(pair.target, None, setting.strategy, instantiate(cfg.draft_length), setting.sampling,
-                               compile=cfg.compile)
-    try:  # what needs the loaded models (e.g. layers the target has) fails here, before any decoding
-        drafter = make_drafter(setting.drafter_factory, pair, cfg.compile)
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"drafter: {one_line(err)}") from None
+    baseline = specdec.Decoder(pair.target, None, setting.strategy, copy.deepcopy(setting.draft_length),
+                               setting.sampling, compile=cfg.compile)
+    drafter = pair_drafter(setting, pair, cfg.compile)  # before any decoding
     speculative = specdec.Decoder(
         pair.target, drafter, setting.strategy, setting.draft_length, setting.sampling, compile=cfg.compile
     )
@@ -277,12 +279,8 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
 
 def encode(tokenizer, texts: list[str], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokenize a batch with left padding: [B, T] input ids and attention mask on ``device``."""
-    if len(texts) > 1:
-        tokenizer.padding_side = "left"
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-    encoded = tokenizer(texts, return_tensors="pt", padding=len(texts) > 1)
-    return encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return left_pad([tokenizer(text).input_ids for text in texts], pad_id or 0, device)
 
 
 def generate_or_explain(generate, decoder, input_ids, mask, batch):

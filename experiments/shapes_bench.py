@@ -1,8 +1,8 @@
 """System curves at controlled acceptance on a pair's real shapes: autoregressive throughput per batch size
 against the memory bound, and speculative speedup at synthetic acceptance, eager and compiled.
 
-    python experiments/shapes_bench.py                                     # GPT-2 small -> XL shapes, bf16, CPU
-    python experiments/shapes_bench.py --device cuda --modes eager,compiled --batch-sizes 1,2,4,8,16,32,64
+    python -m experiments.shapes_bench                                     # GPT-2 small -> XL shapes, bf16, CPU
+    python -m experiments.shapes_bench --device cuda --modes eager,compiled --batch-sizes 1,2,4,8,16,32,64
 
 The pair has random weights (``gpt2-xl-shaped``), so acceptance is set, not found: ``SyntheticAcceptance(a)``
 accepts each draft with probability a, and the cost of speculation on given shapes depends only on how many drafts
@@ -20,20 +20,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 import transformers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import specdec  # noqa: E402
-from specdec.cache import KVCache  # noqa: E402
-from specdec.timing import Clock  # noqa: E402
-
-from experiments.bench import HF_ASSISTANT_SETTINGS, markdown, positive_int, positive_ints  # noqa: E402
+import specdec
+from experiments.bench import HF_ASSISTANT_SETTINGS, markdown, positive_int, positive_ints
+from specdec import Clock
+from specdec.profile import time_forwards
 
 MODES = {"eager": False, "compiled": True}
 
@@ -183,27 +179,16 @@ def autoregressive_sweep(pair, mode_names, batch_sizes, args, clock, bandwidth) 
     return rows
 
 
-def time_forwards(model, compile: bool, prompt: torch.Tensor, widths, clock: Clock, repeats: int, label: str) -> dict:
-    """Median seconds of one forward of n tokens (n in ``widths``) over a prefilled static cache, mode as given."""
-    cache = KVCache(model, 1, prompt.device, label, "static", prompt.shape[1] + max(widths) + 8, compile)
-    cache.prefill(prompt, torch.ones_like(prompt))
-    times = {}
-    for n in widths:
-        tokens = prompt[:, :n]
-        samples = []
-        for _ in range(repeats + 3):
-            start = clock.now()
-            cache.forward(tokens, torch.ones_like(tokens))
-            samples.append(clock.now() - start)
-            cache.keep(torch.zeros(1, dtype=torch.long, device=prompt.device), n, 0)
-        times[n] = statistics.median(samples[3:])
-    return times
-
-
 def cost_profile(pair, mode: str, k_max: int, prompt: torch.Tensor, clock: Clock, repeats: int) -> dict:
-    draft = time_forwards(pair.draft, MODES[mode], prompt, [1], clock, repeats, "draft")
-    target = time_forwards(pair.target, MODES[mode], prompt, range(1, k_max + 2), clock, repeats, "target")
-    return {"draft": draft[1], **{f"target_{n}": seconds for n, seconds in target.items()}}
+    """Seconds per forward over ``prompt`` on a static cache, in the mode given: the draft's of one token and the
+    target's of 1..k_max + 1 tokens."""
+    def seconds(model, widths, label):
+        return time_forwards(model, prompt, widths, repeats, cache_layout="static", compile=MODES[mode], clock=clock,
+                             label=label)
+
+    draft = seconds(pair.draft, [1], "draft")
+    target = seconds(pair.target, range(1, k_max + 2), "target")
+    return {"draft": draft[1], **{f"target_{n}": value for n, value in target.items()}}
 
 
 def expected_tokens(alpha: float, k: int) -> float:

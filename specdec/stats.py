@@ -1,4 +1,5 @@
-"""Decoding statistics, per call and per row. Definitions follow the project's STYLE.md:
+"""Decoding statistics, per call and per row, by these definitions (which the rows of an experiment carry per
+prompt, docs/results-schema.md):
 
     drafted D, accepted A, target calls N (verification passes), emitted E
     acceptance rate       A / D                         (NaN when nothing was drafted)
@@ -106,28 +107,6 @@ class DecodeStats:
         """Mean time between a row's tokens after its first."""
         tokens_after_first = self.emitted / len(self.rows) - 1
         return ratio(self.wall_seconds - self.ttft_seconds, tokens_after_first) if tokens_after_first > 0 else math.nan
-
-    def as_dict(self) -> dict:
-        """Flat summary for logging (per-row detail stays in ``rows``)."""
-        return {
-            "emitted": self.emitted,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "target_calls": self.target_calls,
-            "draft_calls": self.draft_forwards,
-            "acceptance_rate": self.acceptance_rate,
-            "mean_accepted_length": self.mean_accepted_length,
-            "per_position_acceptance": self.per_position,
-            "expected_acceptance": self.expected_acceptance,
-            "draft_seconds": self.draft_seconds,
-            "target_seconds": self.target_seconds,
-            "other_seconds": self.other_seconds,
-            "wall_seconds": self.wall_seconds,
-            "tokens_per_s": self.tokens_per_second,
-            "cost_ratio": self.cost_ratio,
-            "ttft_seconds": self.ttft_seconds,
-            "itl_seconds": self.itl_seconds,
-        }
 
 
 def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:

@@ -10,6 +10,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from specdec.batching import left_pad  # noqa: F401 - the tests' padding helper is the library's
+
 VOCAB = 97
 
 
@@ -34,13 +36,6 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos_token_id=None) 
         eos_token_id=eos_token_id, pad_token_id=0,
     )
     return out[0, len(prompt):].tolist()
-
-
-def left_pad(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return ids, mask
 
 
 def random_prompts(lengths: list[int], seed: int = 0, vocab: int = VOCAB) -> list[list[int]]:

@@ -65,7 +65,7 @@ def make_row(run_id, prompt_id, strategy="speculative", k=4, speedup=1.5, accept
 
 
 def write_run(run_dir, rows, finished=True, config=None):
-    """A run directory as experiments/run.py writes it; no summary.json marks a killed run."""
+    """A run directory as experiments.run writes it; no summary.json marks a killed run."""
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config or {"model": {"target": {"name": "tiny"}}}))
     (run_dir / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -347,7 +347,7 @@ def test_report_defaults_to_the_first_dir_and_handles_a_single_run(tmp_path):
 
 def test_report_script_reports_a_bad_path_in_one_line(tmp_path):
     missing = tmp_path / "missing"
-    result = subprocess.run([sys.executable, "analysis/report.py", str(missing)], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "analysis.report", str(missing)], cwd=REPO,
                             capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr == f"error: {missing}: no such file or directory\n"

@@ -1,4 +1,4 @@
-"""End-to-end runs of experiments/run.py on a tiny random GPT-2 pair: rows, sweeps, resume, bad input, W&B."""
+"""End-to-end runs of experiments.run on a tiny random GPT-2 pair: rows, sweeps, resume, bad input, W&B."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ SCHEMA = schema_columns()
 
 
 def main(argv: list[str], monkeypatch) -> None:
-    """Run the Hydra app in-process, as `python experiments/run.py ARGV` would."""
-    monkeypatch.setattr(sys, "argv", ["experiments/run.py", *argv])
+    """Run the Hydra app in-process, as `python -m experiments.run ARGV` would."""
+    monkeypatch.setattr(sys, "argv", [str(REPO / "experiments" / "run.py"), *argv])
     run_app.main()
 
 
@@ -143,10 +143,10 @@ def test_every_drafter_and_draft_length_policy_runs_through_the_app(tiny, tmp_pa
 
 @pytest.mark.slow
 def test_issue_sweep_as_a_subprocess(tiny, tmp_path):
-    """`python experiments/run.py -m ...` exactly as a user types it, with W&B offline."""
+    """`python -m experiments.run -m ...` from the repository root exactly as a user types it, with W&B offline."""
     sweep_dir = tmp_path / "sweep"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
-    command = [sys.executable, "experiments/run.py", "-m", "strategy=greedy,speculative", "draft_length.k=1,2",
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
+    command = [sys.executable, "-m", "experiments.run", "-m", "strategy=greedy,speculative", "draft_length.k=1,2",
                *tiny_overrides(tiny, num_prompts=2, max_new_tokens=6), "logger=wandb", f"hydra.sweep.dir={sweep_dir}"]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

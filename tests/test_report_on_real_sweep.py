@@ -1,7 +1,8 @@
-"""The report command on a small real sweep of the embedded pair: rows written by experiments/run.py, read back
+"""The report command on a small real sweep of the embedded pair: rows written by experiments.run, read back
 by analysis/, rendered to Markdown and PNGs."""
 
 import sys
+from pathlib import Path
 
 from analysis import load_runs, summarize_runs
 from analysis import report
@@ -12,7 +13,7 @@ def test_report_on_a_real_embedded_sweep(tmp_path, monkeypatch):
 
     sweep = tmp_path / "sweep"
     monkeypatch.setattr(sys, "argv", [
-        "experiments/run.py", "-m", "strategy=greedy,speculative", "draft_length.k=2,4", "num_prompts=2",
+        str(Path(run_app.__file__)), "-m", "strategy=greedy,speculative", "draft_length.k=2,4", "num_prompts=2",
         "max_new_tokens=12", "warmup=0", "device=cpu", "threads=1", f"hydra.sweep.dir={sweep}",
     ])
     run_app.main()

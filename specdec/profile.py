@@ -1,0 +1,51 @@
+"""What one forward pass costs: the measurements behind a cost ratio c and a predicted speedup.
+
+``time_forwards`` times a model's forward of n tokens on top of a cached prompt, for each n asked, the way the
+decode loop runs it (the same KV cache, eager or compiled), so benchmarks need no access to the cache itself.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from specdec.cache import KVCache, static_capacity
+from specdec.timing import Clock
+
+
+def time_forwards(model: torch.nn.Module, prompt: torch.Tensor, widths, repeats: int = 10, warmup: int = 3,
+                  cache_layout: str = "dynamic", compile: bool = False, clock: Clock | None = None,
+                  label: str = "model") -> dict[int, float]:
+    """Median seconds of one forward of n tokens (each n in ``widths``) over a cache holding ``prompt`` [B, T].
+
+    The tokens are the prompt's first n, fed after the prompt; each forward is rolled back before the next, so
+    every one sees the same cache. ``warmup`` untimed forwards precede the ``repeats`` timed ones of each width.
+    ``cache_layout`` and ``compile`` are as in ``specdec.generate`` (compile needs the static layout). ``clock``
+    defaults to one that synchronises the prompt's device before every reading; ``label`` names the model in
+    cache errors.
+    """
+    widths = list(widths)
+    if not widths or any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= prompt.shape[1]
+                         for n in widths):
+        raise ValueError(f"widths must be integers in [1, {prompt.shape[1]}] (the prompt's length), got {widths}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    clock = clock or Clock(prompt.device)
+    capacity = static_capacity(prompt.shape[1], max(widths)) if cache_layout == "static" else None
+    cache = KVCache(model, prompt.shape[0], prompt.device, label, cache_layout, capacity, compile)
+    with torch.no_grad():
+        cache.prefill(prompt, torch.ones_like(prompt))
+        return {n: median_forward_seconds(cache, prompt[:, :n], clock, repeats, warmup) for n in widths}
+
+
+def median_forward_seconds(cache: KVCache, tokens: torch.Tensor, clock: Clock, repeats: int, warmup: int) -> float:
+    """Median over ``repeats`` of the seconds one forward of ``tokens`` [B, n] takes, after ``warmup`` untimed ones."""
+    samples = []
+    nothing_kept = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
+    for _ in range(warmup + repeats):
+        start = clock.now()
+        cache.forward(tokens, torch.ones_like(tokens))
+        samples.append(clock.now() - start)
+        cache.keep(nothing_kept, tokens.shape[1], 0)  # roll the forward back: the next sees the same cache
+    return statistics.median(samples[warmup:])
