@@ -1,1 +1,2 @@
-"""Hydra-configured experiment runs on top of the specdec library (entry point: experiments/run.py)."""
+"""Hydra-configured experiment runs on top of the specdec library (entry point: python -m experiments.run, from the
+repository root)."""

