@@ -274,6 +274,13 @@ def test_half_written_last_row_of_a_killed_run_is_dropped(tmp_path):
     assert any("half-written" in str(warning.message) for warning in caught)
 
 
+def test_two_rows_merged_on_one_line_are_both_loaded_as_resume_keeps_them(tmp_path):
+    run = write_run(tmp_path / "run", [make_row("a", "p0"), make_row("a", "p1"), make_row("a", "p2")])
+    rows_file = run / "rows.jsonl"
+    rows_file.write_text(rows_file.read_text().replace("}\n", "}", 1))  # the first row lost its newline
+    assert load_runs(run)["prompt_id"].tolist() == ["p0", "p1", "p2"]
+
+
 class FakeApi:
     """wandb.Api with two runs of one group: a finished one and a crashed one."""
 

@@ -9,7 +9,9 @@ from conftest import random_prompts, tiny_gpt2
 
 import specdec
 from experiments import bench
+from specdec.batching import left_pad
 from specdec.cache import KVCache
+from specdec.profile import time_forwards
 
 
 class TickingClock:
@@ -38,6 +40,38 @@ def test_forward_timer_counts_a_body_call_inside_its_model_once():
         cache.forward(ids[:, :1], torch.ones_like(ids[:, :1]))  # the model, whose body runs inside: one timed call
     timer.remove()
     assert timer.seconds == 2.0 and timer.depth == 0
+
+
+@pytest.mark.parametrize("layout", ["dynamic", "static"])
+def test_time_forwards_times_each_width_over_the_same_cache(layout):
+    """With a clock that ticks once per reading, every forward takes one tick; each is rolled back, so every width
+    is measured on top of the prompt alone."""
+    model = tiny_gpt2(0, layers=1)
+    prompt = torch.tensor([[3, 4, 5, 6, 7]])
+    seen = []
+    hook = model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(
+        (kwargs["input_ids"].shape[1], int(kwargs["attention_mask"].sum()))), with_kwargs=True)
+    times = time_forwards(model, prompt, [1, 3], repeats=2, warmup=1, cache_layout=layout, clock=TickingClock())
+    hook.remove()
+    assert times == {1: 1.0, 3: 1.0}
+    assert seen == [(1, 6)] * 3 + [(3, 8)] * 3  # the prompt (5 slots, filled by the body alone) plus the n fed
+
+
+def test_time_forwards_refuses_widths_the_prompt_cannot_supply():
+    with pytest.raises(ValueError, match=r"widths must be integers in \[1, 2\]"):
+        time_forwards(tiny_gpt2(0, layers=1), torch.tensor([[3, 4]]), [1, 3])
+
+
+def test_left_pad_pads_on_the_left_with_a_zero_mask():
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=1)
+    assert ids.tolist() == [[5, 6, 7], [1, 1, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    with pytest.raises(ValueError, match="at least one prompt"):
+        left_pad([])
+
+
+def test_bench_tables_are_markdown_with_values_as_given():
+    assert bench.markdown([{"k": 1, "tok_s": 1234.5, "note": "n/a (sampled)"}]) == (
+        "| k | tok_s | note |\n| --- | --- | --- |\n| 1 | 1234.5 | n/a (sampled) |")
 
 
 def test_comparison_runs_every_method_and_finds_identical_greedy_tokens(monkeypatch):

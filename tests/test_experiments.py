@@ -21,6 +21,7 @@ from experiments import results, runner
 from experiments import run as run_app
 from experiments.checks import ConfigError
 from experiments.loggers import WandbLogger, WandbWarning
+from specdec.results import METRIC_COLUMNS
 
 
 def schema_columns() -> list[str]:
@@ -83,6 +84,18 @@ def test_default_run_with_wandb_offline(tiny, tmp_path, monkeypatch, capsys, loa
     assert "speedup" in out and "95% CI" in out and "acceptance_rate" in out
     wandb_runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) == 1 and rows[0]["run_id"] in wandb_runs[0].name
+
+
+def test_rows_hold_the_schemas_metrics_and_documented_settings(tiny, tmp_path):
+    """A row's metric columns are specdec.results.METRIC_COLUMNS, in order; every other column is documented in
+    docs/results-schema.md or is an option's own parameter (<group>_<key>)."""
+    run_dir = tmp_path / "run"
+    runner.run(*compose_run([*tiny_overrides(tiny, num_prompts=1, max_new_tokens=4, warmup=0), "drafter=ngram",
+                             "strategy=typical"], run_dir))
+    [row] = rows_of(run_dir)
+    assert [column for column in row if column in METRIC_COLUMNS] == list(METRIC_COLUMNS)
+    others = [column for column in row if column not in METRIC_COLUMNS and column not in SCHEMA]
+    assert others and all(column.startswith(("strategy_", "draft_length_", "drafter_")) for column in others), others
 
 
 def test_default_config_on_the_embedded_pair(tmp_path, monkeypatch, capsys):

@@ -1,0 +1,128 @@
+"""The layering of the project, read from its source: the library (specdec/) at the bottom, the experiments that
+write results above it, the analysis that reads them beside them. Every import counts, also those inside functions
+and under TYPE_CHECKING."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+PACKAGES = ("specdec", "experiments", "analysis")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(path): path for package in PACKAGES for path in sorted((REPO / package).rglob("*.py"))}
+
+
+def imported_names(path: Path, name: str) -> set[str]:
+    """Every module a file imports, absolute; ``from package import name`` also as ``package.name``."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Project module -> the project modules it imports."""
+    modules = project_modules()
+    return {name: {imported for imported in imported_names(path, name) if imported in modules and imported != name}
+            for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in sorted(graph[node]):
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def imports_of(package: str, graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    return {name: imported for name, imported in graph.items() if name.split(".")[0] == package}
+
+
+def test_the_graph_sees_every_package():
+    graph = import_graph()
+    assert {name.split(".")[0] for name in graph} == set(PACKAGES)
+    assert "specdec.results" in graph["experiments.results"] and "specdec.results" in graph["analysis.load"]
+    assert "experiments.results" in graph["experiments.runner"]  # from experiments import results
+
+
+def test_imports_inside_functions_and_under_type_checking_count(tmp_path):
+    source = tmp_path / "module.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from specdec.decode import Decoder\n"
+                      "def f():\n    import analysis.load\n    from . import sibling\n")
+    names = imported_names(source, "experiments.module")
+    assert {"specdec.decode", "analysis.load", "experiments.sibling"} <= names
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_experiments_never_import_analysis():
+    """The writer of results stands below their reader: running an experiment needs nothing of analysis/."""
+    for name, imported in imports_of("experiments", import_graph()).items():
+        assert not {m for m in imported if m.split(".")[0] == "analysis"}, name
+
+
+def test_the_library_imports_neither_experiments_nor_analysis():
+    for name, imported in imports_of("specdec", import_graph()).items():
+        assert all(m.split(".")[0] == "specdec" for m in imported), name
+
+
+def test_benches_use_no_cache_internals():
+    """Timing a forward is specdec.profile's job; the cache belongs to the decode loop."""
+    for name, imported in imports_of("experiments", import_graph()).items():
+        assert "specdec.cache" not in imported, name
+
+
+def test_running_an_experiment_loads_neither_analysis_nor_pandas():
+    code = ("import sys, experiments.runner, experiments.run; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'analysis', 'pandas'}))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
