@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from specdec.results import CONFIG, INTERVAL_METRICS, ROWS, SUMMARY, parse_rows
+from specdec.results import CONFIG, INTERVAL_METRICS, LIST_COLUMNS, ROWS, SUMMARY, parse_rows
 
 # What analysis/ itself reads; other schema columns are loaded when present.
 REQUIRED_COLUMNS = ("run_id", "prompt_id", "pair", "strategy", "k", "sampling", *INTERVAL_METRICS,
@@ -227,13 +227,18 @@ def read_wandb_run(api, run, config_keys: tuple[str, ...]) -> RunRows:
         raise ResultsError(f"{run.url}: cannot read the `rows` table ({_first_line(err)})") from err
     if table is None or not table.data:
         raise ResultsError(f"{run.url}: the `rows` table is empty")
-    rows = [dict(zip(table.columns, values)) for values in table.data]
+    rows = [decode_lists(dict(zip(table.columns, values))) for values in table.data]
     partial = run.state != "finished"
     if partial:
         warnings.warn(f"{run.url}: state {run.state!r}, loaded {len(rows)} rows of a partial run",
                       PartialRunWarning)
     add_config(rows, dict(run.config), config_keys, run.url)
     return RunRows(run.url, rows, partial)
+
+
+def decode_lists(row: dict) -> dict:
+    """A W&B table row with its list columns, which the logger wrote as JSON text, as lists again."""
+    return row | {column: json.loads(row[column]) for column in LIST_COLUMNS if isinstance(row.get(column), str)}
 
 
 def _first_line(err: Exception) -> str:

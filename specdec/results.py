@@ -31,6 +31,8 @@ METRIC_COLUMNS = (
     "ttft_seconds", "itl_seconds", "baseline_ttft_seconds", "baseline_itl_seconds",
 )
 PROMPT_COLUMNS = ("prompt_id", "prompt_tokens")
+# Metrics whose value is a list (one per draft position); a W&B table holds them as JSON text.
+LIST_COLUMNS = ("per_position_acceptance",)
 # Metrics summarised per run as the mean over prompts with a 95% Student t interval (summary.json, analysis/).
 INTERVAL_METRICS = (
     "speedup", "acceptance_rate", "mean_accepted_length", "spec_tokens_per_s", "baseline_tokens_per_s",

@@ -26,6 +26,7 @@ from analysis import (
 )
 from analysis.report import main, pivot_axes
 from analysis.summarize import varying_axes
+from experiments.loggers import table_cell
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -294,10 +295,11 @@ class FakeApi:
                 for run_id, state in (("a", "finished"), ("b", "crashed"))]
 
     def artifact(self, name, type=None):
+        """The logger's ``rows`` table: list cells as JSON text (experiments.loggers.table_cell)."""
         run_id = re.fullmatch(r"team/specdec/run-(\w+)-rows:latest", name).group(1)
         rows = self.tables[run_id]
-        return SimpleNamespace(get=lambda key: SimpleNamespace(columns=list(rows[0]),
-                                                               data=[list(row.values()) for row in rows]))
+        data = [[table_cell(value) for value in row.values()] for row in rows]
+        return SimpleNamespace(get=lambda key: SimpleNamespace(columns=list(rows[0]), data=data))
 
 
 def test_load_wandb_runs_into_the_same_schema(monkeypatch):
@@ -310,6 +312,7 @@ def test_load_wandb_runs_into_the_same_schema(monkeypatch):
     assert frame["partial"].tolist() == [False, False, True]
     assert frame["run_dir"].tolist() == ["https://wandb/a"] * 2 + ["https://wandb/b"]
     assert frame["model.target.name"].unique().tolist() == ["tiny"]
+    assert frame["per_position_acceptance"].iloc[0] == [0.8, 0.8, 0.8, None]  # a list again, not JSON text
     assert summarize_runs(frame)["k"].tolist() == [4, 2]
 
 
