@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Summarize specdec runs into report.md with tables and plots.")
+    parser = argparse.ArgumentParser(prog="python -m analysis.report",
+                                     description="Summarize specdec runs into report.md with tables and plots.")
     parser.add_argument("paths", nargs="+", help=f"run directories or sweep directories (searched for {ROWS})")
     parser.add_argument("--out", help="directory for report.md, CSVs and PNGs (default: the first path)")
     return parser.parse_args(argv)

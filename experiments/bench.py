@@ -311,7 +311,8 @@ def temperatures(text: str) -> list[float]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     """Every value is checked here, before any model loads."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="embedded", help="a load_pair preset: embedded, gpt2-xl-shaped, ...")
     parser.add_argument("--prompts", type=positive_int, default=8, help="prompts per configuration")
     parser.add_argument("--max-new-tokens", type=positive_int, default=64)

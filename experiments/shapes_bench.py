@@ -53,7 +53,8 @@ def modes(text: str) -> list[str]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     """Every value is checked here, before any model loads."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m experiments.shapes_bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="gpt2-xl-shaped", help="a load_pair preset (default gpt2-xl-shaped)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="bfloat16")
