@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import math
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
