@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 import re
-from numbers import Real
 from typing import Callable
 
 from hydra.errors import InstantiationException
@@ -35,10 +34,6 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_number(value: object) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool)
-
-
 def int_at_least(low: int) -> Callable[[object], bool]:
     return lambda v: is_int(v) and v >= low
 
@@ -48,8 +43,7 @@ def optional(rule: Callable[[object], bool]) -> Callable[[object], bool]:
 
 
 # (key, rule, what is allowed) for the keys no constructor checks before the models load. A key absent from the
-# config (e.g. an option without that parameter) is skipped. The strategies' number parameters are here too
-# because their constructors compare without checking the type ("abc" would fail in a comparison, true pass as 1).
+# config (e.g. an option without that parameter) is skipped.
 RULES: list[tuple[str, Callable[[object], bool], str]] = [
     ("max_new_tokens", int_at_least(1), "an integer >= 1"),
     ("seed", int_at_least(0), "an integer >= 0"),
@@ -61,9 +55,6 @@ RULES: list[tuple[str, Callable[[object], bool], str]] = [
     ("compile", lambda v: isinstance(v, bool), "true or false"),
     ("group", lambda v: v is None or isinstance(v, str), "a string, or null for the sweep/run directory name"),
     ("resume", lambda v: isinstance(v, (bool, str)), "true, false, or a run directory path"),
-    ("strategy.lenience", lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1] (1 is exact)"),
-    ("strategy.epsilon", lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
-    ("strategy.delta", lambda v: is_number(v) and v > 0, "a number > 0"),
     ("drafter.num_layers", int_at_least(1), "an integer >= 1 (and at most the target's layers)"),
     ("logger.mode", lambda v: v in WANDB_MODES, f"one of {', '.join(WANDB_MODES)}"),
 ]

@@ -7,6 +7,7 @@
 """
 
 from specdec.api import generate
+from specdec.batching import left_pad
 from specdec.decode import Decoder, GenerationOutput, NonFiniteLogitsError
 from specdec.drafters import ModelDrafter, NoDrafter
 from specdec.early_exit import EarlyExitDrafter
@@ -23,6 +24,7 @@ from specdec.types import Proposal, StepOutcome, Verdict
 
 __all__ = [
     "generate",
+    "left_pad",
     "load_pair",
     "ModelPair",
     "ModelUnavailableError",

@@ -19,10 +19,20 @@ def check_draft_length(name: str, value: object) -> int:
     return value
 
 
+class NotANumberError(TypeError, ValueError):
+    """A numeric setting given something else: a wrong type, and a bad value for callers that catch those (like
+    numpy's AxisError, which is both a ValueError and an IndexError)."""
+
+
+def check_number(name: str, value: object) -> None:
+    """A real number (bool is not one, though Python says it is an int)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise NotANumberError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+
+
 def check_probability(name: str, value: object, low_open: bool = False, high_open: bool = False) -> float:
     """A float in [0, 1] (ends excluded where asked)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    check_number(name, value)
     if not (0 < value if low_open else 0 <= value) or not (value < 1 if high_open else value <= 1):
         interval = ("(" if low_open else "[") + "0, 1" + (")" if high_open else "]")
         raise ValueError(f"{name} must be in {interval}, got {value!r}")
@@ -30,7 +40,8 @@ def check_probability(name: str, value: object, low_open: bool = False, high_ope
 
 
 def check_positive(name: str, value: object, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 if allow_zero else value > 0):
+    check_number(name, value)
+    if not (value >= 0 if allow_zero else value > 0):
         raise ValueError(f"{name} must be a number {'>=' if allow_zero else '>'} 0, got {value!r}")
     return float(value)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.checks import check_draft_length, check_positive, check_probability
 from specdec.interfaces import AcceptanceStrategy, as_strategy, count_leading_true, greedy_verdict
 from specdec.sampling import sample
 from specdec.types import Verdict
@@ -71,8 +72,7 @@ class Speculative(AcceptanceStrategy):
     greedy_at_point_masses: bool = True  # q(x) = 1 always accepts where p(x) = 1; the residual is p itself
 
     def __post_init__(self) -> None:
-        if not 0 < self.lenience <= 1:
-            raise ValueError(f"lenience must be in (0, 1] (1 is exact speculative sampling), got {self.lenience!r}")
+        check_probability("lenience", self.lenience, low_open=True)  # 1 is exact speculative sampling
 
     @property
     def lossless(self) -> bool:
@@ -108,10 +108,8 @@ class Typical(AcceptanceStrategy):
     lossless: bool = False
 
     def __post_init__(self) -> None:
-        if not 0 < self.epsilon <= 1:
-            raise ValueError(f"typical epsilon must be in (0, 1], got {self.epsilon!r}")
-        if not self.delta > 0:
-            raise ValueError(f"typical delta must be > 0, got {self.delta!r}")
+        check_probability("epsilon", self.epsilon, low_open=True)
+        check_positive("delta", self.delta)
 
     @property
     def greedy_at_point_masses(self) -> bool:
@@ -143,8 +141,7 @@ class TopK(AcceptanceStrategy):
     greedy_at_point_masses: bool = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"topk strategy n must be an integer >= 1, got {self.n!r}")
+        check_draft_length("topk strategy n", self.n)
 
     def __call__(self, draft_tokens, draft_probs, target_probs, generator) -> Verdict:
         verify_probs = target_probs[:, :-1]  # [B, k, V]
@@ -171,10 +168,7 @@ class SyntheticAcceptance(AcceptanceStrategy):
     judges_ids = True  # at temperature 0 its own rule on ids (verdict_from_ids), not greedy matching
 
     def __post_init__(self) -> None:
-        if isinstance(self.acceptance, bool) or not isinstance(self.acceptance, (int, float)):
-            raise TypeError(f"synthetic acceptance must be a number in [0, 1], got {self.acceptance!r}")
-        if not 0 <= self.acceptance <= 1:
-            raise ValueError(f"synthetic acceptance must be in [0, 1], got {self.acceptance!r}")
+        check_probability("synthetic acceptance", self.acceptance)
 
     def num_accepted(self, draft_tokens: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         uniform = torch.rand(draft_tokens.shape, generator=generator, device=draft_tokens.device)  # [B, k]

@@ -323,6 +323,8 @@ BAD = [
     (["strategy.lenience=0"], "strategy.lenience=0"),
     (["strategy=topk", "strategy.n=0"], "strategy.n=0"),
     (["strategy=typical", "strategy.delta=-1"], "strategy.delta=-1"),
+    (["strategy=typical", "strategy.epsilon=abc"], "strategy.epsilon='abc'"),
+    (["strategy.lenience=true"], "strategy.lenience=True"),
     (["logger=wandb", "logger.mode=sometimes"], "logger.mode='sometimes'"),
     (["resume=/no/such/run"], "resume='/no/such/run'"),
     (["drafter=ngram", "drafter.max_ngram=0"], "max_ngram must be an integer >= 1, got 0"),
