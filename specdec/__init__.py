@@ -9,7 +9,7 @@
 from specdec.api import generate
 from specdec.batching import left_pad
 from specdec.decode import Decoder, GenerationOutput, NonFiniteLogitsError
-from specdec.drafters import ModelDrafter, NoDrafter
+from specdec.drafters import ModelDrafter, NoDrafter, TreeDrafter
 from specdec.early_exit import EarlyExitDrafter
 from specdec.models import ModelPair, ModelUnavailableError, load_pair, resolve_device, resolve_dtype
 from specdec.ngram import NGramDrafter
@@ -39,6 +39,7 @@ __all__ = [
     "Drafter",
     "ModelDrafter",
     "NoDrafter",
+    "TreeDrafter",
     "NGramDrafter",
     "EarlyExitDrafter",
     "DraftLengthPolicy",

@@ -141,6 +141,36 @@ class KVCache:
             **where,
         )
 
+    def forward_tree(
+        self, input_ids: torch.Tensor, attend: torch.Tensor, offsets: torch.Tensor, active: torch.Tensor
+    ) -> torch.Tensor:
+        """Feed [B, n] tree nodes and return their [B, n, V] logits. ``attend`` [n, T] says which of the last T slots
+        each node sees: these n and the T - n slots this tree fed before (its ancestors and itself); every node
+        also sees the committed slots before the tree. A node's position is the committed length plus its
+        ``offsets`` [n] (its depth below the last committed token). ``active`` [B] bool: other rows feed holes.
+        Dynamic layout: a 4D mask [B, 1, n, S + n] goes straight to attention."""
+        if self.static:
+            raise ValueError(f"the {self.label} cache verifies trees on the dynamic layout only")
+        n, tree_slots = input_ids.shape[1], attend.shape[1]
+        committed = self.mask[:, : self.num_slots - (tree_slots - n)].bool()  # [B, S0]
+        positions = committed.sum(-1, keepdim=True) + offsets  # [B, n]
+        mask = torch.cat([committed.unsqueeze(1).expand(-1, n, -1), attend.expand(committed.shape[0], -1, -1)],
+                         -1)  # [B, n, S0 + T]
+        new_slots = active.long().unsqueeze(1).expand(-1, n)  # [B, n]
+        self.mask = torch.cat([self.mask, new_slots], dim=1)
+        self.num_slots += n
+        out = self.model(input_ids=input_ids, attention_mask=mask.unsqueeze(1), position_ids=positions,
+                         past_key_values=self.past, use_cache=True)
+        return out.logits
+
+    def keep_slots(self, kept: torch.Tensor) -> None:
+        """Of the last ``kept.shape[1]`` slots keep those where ``kept`` [B, n] (bool) holds; the rest become holes.
+        A tree's rollback: its accepted path stays, every other node becomes a hole, in place."""
+        start = self.num_slots - kept.shape[1]
+        self.mask[:, start : self.num_slots] *= kept.long()
+        if self.num_slots >= self.next_hole_check:
+            self.compact_if_mostly_holes()
+
     def keep(self, num_kept: torch.Tensor, num_last: int, max_kept: int, min_kept: int = 0) -> None:
         """Of the last ``num_last`` slots keep the first ``num_kept`` [B] of each row; the rest become holes.
 

@@ -30,7 +30,8 @@ from specdec.sampling import SamplingConfig, greedy_choice, logits_to_probs, one
 from specdec.stats import DecodeStats, RowStats
 from specdec.strategies import Greedy, Speculative, probs_of
 from specdec.timing import Clock
-from specdec.types import Proposal, StepOutcome, Verdict
+from specdec.tree import kept_positions, path_tokens
+from specdec.types import Proposal, StepOutcome, TreeVerdict, Verdict
 
 
 class NonFiniteLogitsError(FloatingPointError):
@@ -55,14 +56,16 @@ class RowCounters:
         self.overlap_count = zeros(())
 
     def add(
-        self, rows: torch.Tensor, k: int, num_accepted: torch.Tensor, active: torch.Tensor, overlap: torch.Tensor | None
+        self, rows: torch.Tensor, k: int, num_accepted: torch.Tensor, active: torch.Tensor, overlap: torch.Tensor | None,
+        drafted: int,
     ) -> None:
-        """Count one step of the ``active`` [B'] rows; ``overlap`` [B', k] is sum_x min(q, p) per draft position."""
+        """Count one step of the ``active`` [B'] rows: ``drafted`` tokens over ``k`` positions (a chain drafts k; a
+        tree of depth k more); ``overlap`` [B', k] is sum_x min(q, p) per draft position."""
         live = active.long()  # [B'] 1/0, the form index_add_ sums
         self.target_calls.index_add_(0, rows, live)
         if k == 0:
             return
-        self.drafted.index_add_(0, rows, k * live)
+        self.drafted.index_add_(0, rows, drafted * live)
         self.accepted.index_add_(0, rows, num_accepted * live)
         position = torch.arange(k, device=live.device)  # [k]
         attempted = (num_accepted.unsqueeze(1) >= position) * live.unsqueeze(1)  # [B', k]
@@ -123,6 +126,7 @@ class Decoder:
         check_parts(self.drafter, self.draft_length, self.sampling)
         self.speculates = not isinstance(self.drafter, NoDrafter)
         self.retires_rows = retire_finished_rows and cache_layout == "dynamic" and self.drafter.selects_rows
+        check_tree_support(self.drafter, self.strategy, self.sampling, cache_layout)
         if self.speculates and isinstance(self.strategy, Greedy) and not self.sampling.is_greedy:
             raise ValueError(
                 f"strategy 'greedy' decodes the target's argmax and needs temperature 0, got temperature="
@@ -265,17 +269,18 @@ class DecodeRun:
     def step(self, k: int) -> HostSync:
         """One step in nine phases; each but the bookkeeping of times is one method."""
         t0 = self.phase_clock()
-        proposal = self.propose(k)  # 1. the drafter proposes up to k tokens
-        k = proposal.tokens.shape[1]  # fewer than asked when the policy stopped the draft early
+        proposal = self.propose(k)  # 1. the drafter proposes up to k tokens (a tree: up to k levels)
+        k = depth_of(proposal)  # fewer than asked when the policy stopped the draft early
         t1 = self.phase_clock()
         target_logits = self.verify(proposal)  # 2. one target forward over the pending token and the drafts
         t2 = self.phase_clock()
         verdict, overlap, target_usable = self.judge(proposal, target_logits)  # 3. the strategy decides
         active_during_step = self.rows.active
-        self.counters.add(self.rows.original, k, verdict.num_accepted, active_during_step, overlap)  # 4. count
+        self.counters.add(self.rows.original, k, verdict.num_accepted, active_during_step, overlap,
+                          proposal.tokens.shape[1])  # 4. count
         new_tokens, num_new = self.emit(proposal, verdict)  # 5. write the output, advance rows
         sync = self.sync_host(k, verdict, proposal, num_new, active_during_step, target_usable)  # 6. the one sync
-        self.roll_back(verdict, num_new, k, sync)  # 7. the target cache keeps what was emitted
+        self.roll_back(proposal, verdict, num_new, sync)  # 7. the target cache keeps what was emitted
         t3 = self.phase_clock()
         outcome = StepOutcome(
             k=k,
@@ -289,6 +294,7 @@ class DecodeRun:
             min_accepted=sync.min_accepted,
             draft_seconds=t1 - t0,
             target_seconds=t2 - t1,
+            path=verdict.path if isinstance(verdict, TreeVerdict) else None,
         )
         self.decoder.drafter.commit(outcome)  # 8. notify: the drafter rolls back its own cache (timed as drafting)
         t4 = self.phase_clock()
@@ -308,8 +314,13 @@ class DecodeRun:
         return drafter.propose(k, sampling, self.generator, stop=lambda probs: policy.should_stop(probs, active))
 
     def verify(self, proposal: Proposal) -> torch.Tensor:
-        """[B', k+1, V] target logits for the pending token and the k drafts; finished rows feed holes."""
+        """[B', k+1, V] target logits for the pending token and the k drafts (a tree: [B', N+1, V] for the pending
+        token and the N nodes, under the tree's ancestor mask); finished rows feed holes."""
         verify_ids = self.rows.pending.unsqueeze(1)  # [B', 1]
+        if proposal.tree is not None:
+            verify_ids = torch.cat([verify_ids, proposal.tokens], 1)  # [B', N+1]
+            shape = proposal.tree
+            return self.target_cache.forward_tree(verify_ids, shape.ancestors, shape.depth_offsets, self.rows.active)
         if proposal.tokens.shape[1]:
             verify_ids = torch.cat([verify_ids, proposal.tokens], 1)  # [B', k+1]
         verify_mask = self.rows.active.unsqueeze(1).expand_as(verify_ids)  # [B', k+1]
@@ -326,6 +337,8 @@ class DecodeRun:
         At temperature 0, a strategy that ``judges_ids`` is judged on token ids.
         """
         sampling, strategy, k = self.decoder.sampling, self.decoder.strategy, proposal.tokens.shape[1]
+        if proposal.tree is not None:
+            return self.judge_tree(proposal, target_logits)
         if sampling.is_greedy and (k == 0 or self.decoder.judges_ids):
             # Point masses: token ids say everything a strategy would see, and one pass over V finds them.
             target_choice, target_usable = greedy_choice(target_logits)  # [B, k+1], []
@@ -346,13 +359,28 @@ class DecodeRun:
         verdict = strategy(proposal.tokens, draft_probs, target_probs, self.generator)
         return verdict, overlap, usable(target_logits)
 
+    def judge_tree(
+        self, proposal: Proposal, target_logits: torch.Tensor
+    ) -> tuple[TreeVerdict, None, torch.Tensor]:
+        """The strategy's tree rule: on token ids at temperature 0, else on distributions."""
+        strategy, shape = self.decoder.strategy, proposal.tree
+        if self.decoder.sampling.is_greedy:
+            target_choice, target_usable = greedy_choice(target_logits)  # [B, N+1], []
+            return strategy.tree_verdict_from_ids(shape, proposal.tokens, target_choice, self.generator), None, \
+                target_usable
+        target_probs = logits_to_probs(target_logits, self.decoder.sampling)  # [B, N+1, V]
+        verdict = strategy.judge_tree(shape, proposal.tokens, proposal.probs, target_probs, self.generator)
+        return verdict, None, usable(target_logits)
+
     def emit(self, proposal: Proposal, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
         """Write each row's new tokens into the output and advance the rows: [B', k+1] new tokens (the kept drafts,
-        then the next token) and [B'] how many of them each row emits (cut at EOS and the budget)."""
-        rows, k = self.rows, proposal.tokens.shape[1]
+        then the next token; a tree's kept drafts are its accepted path) and [B'] how many of them each row emits
+        (cut at EOS and the budget)."""
+        rows, k = self.rows, depth_of(proposal)
+        drafts = path_tokens(proposal.tokens, verdict.path) if proposal.tree is not None else proposal.tokens
         new_tokens = verdict.next_token.unsqueeze(1)  # [B', 1]
         if k:
-            new_tokens = torch.cat([proposal.tokens, new_tokens], 1)  # [B', k+1]
+            new_tokens = torch.cat([drafts, new_tokens], 1)  # [B', k+1]
             new_tokens.scatter_(1, verdict.num_accepted.unsqueeze(1), verdict.next_token.unsqueeze(1))
         num_new, reached_eos = self.count_new(new_tokens, verdict.num_accepted)
         slots = rows.emitted.unsqueeze(1) + self.slot_offsets[: k + 1]  # [B', k+1]
@@ -401,10 +429,14 @@ class DecodeRun:
             raise NonFiniteLogitsError("the target model produced NaN/inf logits; refusing to emit tokens from them")
         return HostSync(remaining_max, room_min, num_active, max_accepted, min_accepted, max_new, min_new)
 
-    def roll_back(self, verdict: Verdict, num_new: torch.Tensor, k: int, sync: HostSync) -> None:
-        """The target cache keeps each row's emitted tokens of the k + 1 it was fed; the next token is pending.
-        (With k = 0 every live row keeps its one token and idle rows fed a hole: nothing to roll back.)"""
-        self.target_cache.keep(num_new, k + 1, sync.max_new, sync.min_new)
+    def roll_back(self, proposal: Proposal, verdict: Verdict, num_new: torch.Tensor, sync: HostSync) -> None:
+        """The target cache keeps each row's emitted tokens of the k + 1 it was fed (a tree: the root and the
+        emitted part of the accepted path; the other nodes become holes); the next token is pending. (With k = 0
+        every live row keeps its one token and idle rows fed a hole: nothing to roll back.)"""
+        if proposal.tree is not None:
+            self.target_cache.keep_slots(kept_positions(verdict.path, num_new, proposal.tokens.shape[1] + 1))
+        else:
+            self.target_cache.keep(num_new, proposal.tokens.shape[1] + 1, sync.max_new, sync.min_new)
         self.rows.pending = verdict.next_token
 
     def retire_finished(self, num_active: int) -> None:
@@ -449,3 +481,23 @@ class DecodeRun:
             expected_overlap_count=overlap_count,
         )
         return GenerationOutput(tokens, stats)
+
+
+def depth_of(proposal: Proposal) -> int:
+    """Draft positions a proposal covers: k tokens of a chain, or the levels of a tree."""
+    return len(proposal.tree.branching) if proposal.tree is not None else proposal.tokens.shape[1]
+
+
+def check_tree_support(drafter: Drafter, strategy: AcceptanceStrategy, sampling: SamplingConfig, layout: str) -> None:
+    """A tree drafter needs a strategy with a tree rule (on ids at temperature 0) and the dynamic cache layout."""
+    if not drafter.drafts_trees:
+        return
+    if not strategy.judges_trees:
+        raise ValueError(f"strategy {strategy.name!r} has no rule for token trees; tree rules: greedy, speculative, "
+                         f"typical, topk, synthetic")
+    if sampling.is_greedy and not strategy.judges_ids:
+        raise ValueError(f"strategy {strategy.name!r} cannot judge a tree drafted at temperature 0 (its children are "
+                         f"the draft's top tokens, not one point mass)")
+    if layout != "dynamic":
+        raise ValueError(f"token trees run on the dynamic cache layout (eager), got cache_layout={layout!r} "
+                         f"(compile=True uses the static one)")

@@ -1,7 +1,8 @@
 """Drafters propose tokens; the decode loop decides what to keep and tells them through ``commit``.
 
 The interface, with what a drafter may declare (``selects_rows``, ``models``), is ``specdec.interfaces.Drafter``.
-Drafters here: ``ModelDrafter`` (a small LM), ``NoDrafter`` (the baseline), and in their own modules
+Drafters here: ``ModelDrafter`` (a small LM), ``TreeDrafter`` (a small LM drafting a token tree, see
+``specdec.tree``), ``NoDrafter`` (the baseline), and in their own modules
 ``specdec.ngram.NGramDrafter`` (prompt lookup) and ``specdec.early_exit.EarlyExitDrafter`` (the target's first
 layers).
 """
@@ -13,6 +14,7 @@ import torch
 from specdec.cache import KVCache, static_capacity
 from specdec.interfaces import Drafter, StopHook
 from specdec.sampling import SamplingConfig, greedy_choice, logits_to_probs, sample, usable
+from specdec.tree import kept_positions, path_tokens, tree_shape, tree_shape_on, truncated
 from specdec.types import Proposal, StepOutcome
 
 DRAFT_ROOM_GUESS = 128  # new tokens a static draft cache first makes room for; it grows if a call needs more
@@ -118,3 +120,104 @@ class NoDrafter(Drafter):
 
     def commit(self, outcome: StepOutcome) -> None:
         """No state."""
+
+
+class TreeDrafter(Drafter):
+    """Drafts a token tree with a small causal LM: each node at depth i - 1 gets ``branching[i - 1]`` children.
+
+    Level by level, one draft forward per level but the last: the children of the root come from the last
+    committed context; each later level feeds the previous one under its ancestor mask. Children are the top-b
+    tokens at temperature 0, else b i.i.d. samples of q (see the module docstring). Owns its KV cache, rolled back
+    in ``commit``.
+    """
+
+    name = "tree"
+    selects_rows = True
+    drafts_trees = True
+
+    def __init__(self, model: torch.nn.Module, branching=(2, 2, 1, 1), label: str = "draft"):
+        self.model = model
+        self.label = label
+        self.shape = tree_shape(tuple(branching))
+        self.num_forwards = 0
+
+    def models(self) -> list[torch.nn.Module]:
+        return [self.model]
+
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        """Cache the prompt but its last token, which the first ``propose`` feeds."""
+        self.cache = KVCache(self.model, input_ids.shape[0], input_ids.device, self.label)
+        if input_ids.shape[1] > 1:
+            self.cache.prefill(input_ids[:, :-1], attention_mask[:, :-1])
+        self.unfed = input_ids[:, -1:]  # [B, m] emitted tokens not yet in the cache
+        self.unfed_mask = torch.ones_like(self.unfed)  # [B, m] 0: a hole
+        self.live = torch.ones_like(self.unfed)  # [B, 1] 0 for finished rows
+        self.shape_on = tree_shape_on(self.shape.branching, input_ids.device)
+        self.num_forwards = 0
+
+    def propose(
+        self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None = None
+    ) -> Proposal:
+        shape = truncated(self.shape_on, k)
+        logits = self.cache.forward(self.unfed, self.unfed_mask)[:, -1:]  # [B, 1, V] at the root
+        self.num_forwards += 1
+        levels, probs, finite = [], [], usable(logits)
+        fed = 0  # tree positions fed so far (the levels but the last)
+        for depth, b in enumerate(shape.branching, start=1):
+            children, level_probs = choose_children(logits, b, sampling, generator)  # [B, n*b], [B, n, V]
+            levels.append(children)
+            if level_probs is not None:
+                probs.append(level_probs)
+            if depth == len(shape.branching):
+                break
+            n = children.shape[1]
+            positions = torch.arange(fed + 1, fed + n + 1, device=children.device)  # this level's positions
+            attend = shape.ancestors[positions][:, 1 : fed + n + 1]  # [n, fed + n]: ancestors among fed nodes
+            logits = self.cache.forward_tree(children, attend, torch.full_like(positions, depth - 1),
+                                             self.live.squeeze(1).bool())
+            self.num_forwards += 1
+            finite &= usable(logits)
+            fed += n
+        self.fed = fed
+        self.proposed = torch.cat(levels, 1)  # [B, N]
+        return Proposal(self.proposed, torch.cat(probs, 1) if probs else None, finite, shape)
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        self.cache.select_rows(index)
+        self.unfed, self.unfed_mask, self.live = self.unfed[index], self.unfed_mask[index], self.live[index]
+        self.proposed = self.proposed[index]
+
+    def commit(self, outcome: StepOutcome) -> None:
+        """Keep the fed nodes of the accepted path, turn the other fed nodes into holes, queue the rest."""
+        next_token = outcome.next_token.unsqueeze(1)  # [B, 1]
+        self.live = outcome.active_after.long().unsqueeze(1)  # [B, 1]
+        depth = outcome.k
+        if depth == 0:  # nothing was drafted, so nothing fed: the new token joins the queue
+            self.unfed = torch.cat([self.unfed, next_token], 1)
+            self.unfed_mask = torch.cat([self.unfed_mask, torch.ones_like(next_token)], 1) * self.live
+            return
+        # The cache holds the queue, then the nodes of every level but the last (positions 1..fed).
+        fed_depth = outcome.num_accepted.clamp(max=depth - 1)  # [B] accepted nodes the cache holds
+        kept = kept_positions(outcome.path[:, : depth - 1], fed_depth + 1, self.fed + 1)[:, 1:]  # [B, fed]
+        self.cache.keep_slots(kept)
+        self.unfed, self.unfed_mask = next_token, self.live
+        if outcome.max_accepted == depth:  # rows whose path reached the last level must still feed its node
+            kept_all = (outcome.num_accepted == depth).long().unsqueeze(1)  # [B, 1]
+            last = path_tokens(self.proposed, outcome.path[:, -1:])  # [B, 1]
+            self.unfed = torch.cat([last, next_token], 1)  # [B, 2]
+            self.unfed_mask = torch.cat([kept_all, torch.ones_like(next_token)], 1) * self.live
+
+
+def choose_children(
+    logits: torch.Tensor, b: int, sampling: SamplingConfig, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[B, n, V] draft logits at n parents -> [B, n*b] children (each parent's b consecutively) and [B, n, V] q.
+
+    Temperature 0: the top-b tokens (q is a point mass, judged on ids, so None). Otherwise b i.i.d. samples of q.
+    """
+    batch, n, vocab = logits.shape
+    if sampling.is_greedy:
+        return logits.topk(b, dim=-1).indices.reshape(batch, n * b), None
+    q = logits_to_probs(logits, sampling)  # [B, n, V]
+    draws = torch.multinomial(q.reshape(batch * n, vocab), b, replacement=True, generator=generator)  # [B*n, b]
+    return draws.reshape(batch, n * b), q

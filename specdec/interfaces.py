@@ -16,7 +16,8 @@ from typing import Callable
 import torch
 
 from specdec.sampling import SamplingConfig
-from specdec.types import Proposal, StepOutcome, Verdict
+from specdec.tree import greedy_tree
+from specdec.types import Proposal, StepOutcome, TreeShape, TreeVerdict, Verdict
 
 StopHook = Callable[[torch.Tensor], bool]  # [B, V] draft distribution of the token just drafted -> stop now?
 
@@ -47,11 +48,15 @@ class AcceptanceStrategy:
     from token ids with ``verdict_from_ids`` instead, so the loop never builds [B, k+1, V] one-hot tensors. By
     default that is so exactly when the rule on point masses is greedy matching (``greedy_at_point_masses``);
     a strategy with another rule on point masses overrides both.
+
+    A strategy that ``judges_trees`` also has a rule for token trees (``specdec.tree``): ``judge_tree`` with
+    distributions, and ``tree_verdict_from_ids`` at temperature 0 (greedy matching by default).
     """
 
     name: str = "custom"
     lossless: bool = False
     greedy_at_point_masses: bool = False  # on point masses the rule keeps drafts while they equal the argmax
+    judges_trees: bool = False
 
     def __call__(
         self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
@@ -69,6 +74,19 @@ class AcceptanceStrategy:
     ) -> Verdict:
         """Temperature 0: draft_tokens [B, k], target_choice [B, k+1] the target's argmax at each position."""
         return greedy_verdict(draft_tokens, target_choice)
+
+    def judge_tree(
+        self, shape: TreeShape, tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+        generator: torch.Generator,
+    ) -> TreeVerdict:
+        """tokens [B, N] the nodes, draft_probs [B, I, V] q at each internal position, target_probs [B, N+1, V]."""
+        raise NotImplementedError(f"strategy {self.name!r} has no rule for token trees")
+
+    def tree_verdict_from_ids(
+        self, shape: TreeShape, tokens: torch.Tensor, target_choice: torch.Tensor, generator: torch.Generator
+    ) -> TreeVerdict:
+        """Temperature 0: tokens [B, N], target_choice [B, N+1] the target's argmax at each position."""
+        return greedy_tree(shape, tokens, target_choice)
 
 
 class CallableStrategy(AcceptanceStrategy):
@@ -107,12 +125,15 @@ class Drafter:
     least one). Drafters without distributions may ignore it.
 
     A drafter that ``selects_rows`` can keep only some batch rows (``select_rows``): the loop then drops rows
-    that finished from the batch. Otherwise finished rows stay in the batch and feed holes.
+    that finished from the batch. Otherwise finished rows stay in the batch and feed holes. A drafter that
+    ``drafts_trees`` proposes token trees (``Proposal.tree``); the loop then verifies them under an ancestor mask
+    and asks the strategy's tree rule.
     """
 
     name: str = "custom"
     num_forwards: int = 0  # draft forward passes since ``start`` (for the cost ratio)
     selects_rows: bool = False
+    drafts_trees: bool = False
 
     def models(self) -> list[torch.nn.Module]:
         """The models it runs, checked by the loop like the target (eval mode, context limit)."""

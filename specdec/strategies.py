@@ -21,7 +21,8 @@ import torch
 from specdec.checks import check_draft_length, check_positive, check_probability
 from specdec.interfaces import AcceptanceStrategy, as_strategy, count_leading_true, greedy_verdict
 from specdec.sampling import sample
-from specdec.types import Verdict
+from specdec.tree import first_accepted_path, greedy_tree, node_probs, nodewise_tree, speculative_tree
+from specdec.types import TreeVerdict, Verdict
 
 
 def probs_of(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -52,9 +53,13 @@ class Greedy(AcceptanceStrategy):
     name: str = "greedy"
     lossless: bool = True
     greedy_at_point_masses: bool = True
+    judges_trees: bool = True
 
     def __call__(self, draft_tokens, draft_probs, target_probs, generator) -> Verdict:
         return greedy_verdict(draft_tokens, target_probs.argmax(-1))
+
+    def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> TreeVerdict:
+        return greedy_tree(shape, tokens, target_probs.argmax(-1))
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class Speculative(AcceptanceStrategy):
     lenience: float = 1.0
     name: str = "speculative"
     greedy_at_point_masses: bool = True  # q(x) = 1 always accepts where p(x) = 1; the residual is p itself
+    judges_trees: bool = True
 
     def __post_init__(self) -> None:
         check_probability("lenience", self.lenience, low_open=True)  # 1 is exact speculative sampling
@@ -92,6 +98,10 @@ class Speculative(AcceptanceStrategy):
         next_token = sample(residual, generator)  # [B]; sample normalises
         return Verdict(num_accepted, next_token)
 
+    def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> TreeVerdict:
+        """SpecInfer's multi-step speculative sampling (``specdec.tree.speculative_tree``), with this lenience."""
+        return speculative_tree(shape, tokens, draft_probs, target_probs, generator, self.lenience)
+
 
 @dataclass(frozen=True)
 class Typical(AcceptanceStrategy):
@@ -106,6 +116,7 @@ class Typical(AcceptanceStrategy):
     delta: float = 0.3
     name: str = "typical"
     lossless: bool = False
+    judges_trees: bool = True
 
     def __post_init__(self) -> None:
         check_probability("epsilon", self.epsilon, low_open=True)
@@ -126,6 +137,11 @@ class Typical(AcceptanceStrategy):
         num_accepted = count_leading_true(accepted)
         return Verdict(num_accepted, sample_at_first_rejection(target_probs, num_accepted, generator))
 
+    def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> TreeVerdict:
+        """Each node by the same test against p at its parent; the first path accepted node by node."""
+        accepted = node_probs(target_probs, tokens, shape) > self.threshold(target_probs)[:, shape.parent]  # [B, N]
+        return nodewise_tree(shape, accepted, target_probs, generator)
+
 
 @dataclass(frozen=True)
 class TopK(AcceptanceStrategy):
@@ -139,6 +155,7 @@ class TopK(AcceptanceStrategy):
     name: str = "topk"
     lossless: bool = False
     greedy_at_point_masses: bool = True
+    judges_trees: bool = True
 
     def __post_init__(self) -> None:
         check_draft_length("topk strategy n", self.n)
@@ -149,6 +166,13 @@ class TopK(AcceptanceStrategy):
         p_of_draft = probs_of(verify_probs, draft_tokens)  # [B, k]
         num_accepted = count_leading_true((p_of_draft >= nth_largest) & (p_of_draft > 0))
         return Verdict(num_accepted, sample_at_first_rejection(target_probs, num_accepted, generator))
+
+    def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> TreeVerdict:
+        """Each node by the same test against p at its parent; the first path accepted node by node."""
+        nth_largest = target_probs.topk(min(self.n, target_probs.shape[-1]), dim=-1).values[..., -1]  # [B, N+1]
+        p_of_node = node_probs(target_probs, tokens, shape)  # [B, N]
+        accepted = (p_of_node >= nth_largest[:, shape.parent]) & (p_of_node > 0)
+        return nodewise_tree(shape, accepted, target_probs, generator)
 
 
 @dataclass(frozen=True)
@@ -166,6 +190,7 @@ class SyntheticAcceptance(AcceptanceStrategy):
     name: str = "synthetic"
     lossless: bool = False
     judges_ids = True  # at temperature 0 its own rule on ids (verdict_from_ids), not greedy matching
+    judges_trees: bool = True
 
     def __post_init__(self) -> None:
         check_probability("synthetic acceptance", self.acceptance)
@@ -182,6 +207,17 @@ class SyntheticAcceptance(AcceptanceStrategy):
     def __call__(self, draft_tokens, draft_probs, target_probs, generator) -> Verdict:
         num_accepted = self.num_accepted(draft_tokens, generator)  # [B]
         return Verdict(num_accepted, sample_at_first_rejection(target_probs, num_accepted, generator))
+
+    def accepted_nodes(self, tokens: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """[B, N] each node accepted with probability a, on its own."""
+        return torch.rand(tokens.shape, generator=generator, device=tokens.device) < self.acceptance
+
+    def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> TreeVerdict:
+        return nodewise_tree(shape, self.accepted_nodes(tokens, generator), target_probs, generator)
+
+    def tree_verdict_from_ids(self, shape, tokens, target_choice, generator) -> TreeVerdict:
+        num_accepted, path, end = first_accepted_path(shape, self.accepted_nodes(tokens, generator))
+        return TreeVerdict(num_accepted, target_choice.gather(1, end.unsqueeze(1)).squeeze(1), path)
 
 
 STRATEGIES = {
