@@ -7,35 +7,20 @@ Each test is a chi-square goodness-of-fit test at significance 0.001 with fixed 
 and a deliberately wrong rule must fail the same test.
 """
 
-import itertools
 from dataclasses import dataclass
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 import specdec
 from specdec.sampling import SamplingConfig, logits_to_probs, sample
 from specdec.interfaces import count_leading_true
 from specdec.strategies import Speculative
+from specdec.testing import chi_square_p_value, continuation_codes, exact_joint
 from specdec.types import Verdict
 from conftest import tiny_gpt2
 
 SIGNIFICANCE = 1e-3
-
-
-def chi_square_p_value(samples: torch.Tensor, expected_probs: torch.Tensor) -> float:
-    """Goodness of fit of integer ``samples`` to ``expected_probs``; cells expecting < 5 are pooled."""
-    n = samples.numel()
-    observed = torch.bincount(samples, minlength=expected_probs.numel()).double()
-    expected = expected_probs.double().flatten() * n
-    small = expected < 5
-    observed = torch.cat([observed[~small], observed[small].sum().view(1)])
-    expected = torch.cat([expected[~small], expected[small].sum().view(1)])
-    if expected[-1] == 0:
-        observed, expected = observed[:-1], expected[:-1]
-    expected *= observed.sum() / expected.sum()
-    return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
 
 
 @dataclass(frozen=True)
@@ -133,23 +118,6 @@ def small_pair():
     return tiny_gpt2(10, layers=2, vocab=SMALL_VOCAB), tiny_gpt2(11, layers=1, vocab=SMALL_VOCAB)
 
 
-def exact_joint_of_first_tokens(model, sampling: SamplingConfig, length: int) -> torch.Tensor:
-    """[V ** length] exact probability of each continuation, by enumerating every prefix through the model."""
-    joint = torch.ones(1, dtype=torch.float64)
-    for depth in range(length):
-        prefixes = list(itertools.product(range(SMALL_VOCAB), repeat=depth))
-        ids = torch.tensor([PROMPT + list(prefix) for prefix in prefixes])
-        with torch.no_grad():
-            next_probs = logits_to_probs(model(ids).logits[:, -1], sampling).double()  # [V**depth, V]
-        joint = (joint.unsqueeze(1) * next_probs).flatten()
-    return joint
-
-
-def sequence_codes(tokens: list[list[int]], length: int) -> torch.Tensor:
-    codes = torch.tensor([row[:length] for row in tokens])
-    return (codes * SMALL_VOCAB ** torch.arange(length - 1, -1, -1)).sum(-1)
-
-
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_speculative_decoding_reproduces_the_target_joint_distribution(small_pair, setting):
     target, draft = small_pair
@@ -158,8 +126,8 @@ def test_speculative_decoding_reproduces_the_target_joint_distribution(small_pai
     out = specdec.Decoder(target, specdec.ModelDrafter(draft), Speculative(), specdec.FixedLength(2), sampling).generate(
         ids, max_new_tokens=length, seed=1)
     assert 0.05 < out.stats.acceptance_rate < 0.95  # drafts are both kept and rejected: rollback is exercised
-    exact = exact_joint_of_first_tokens(target, sampling, length)
-    assert chi_square_p_value(sequence_codes(out.tokens, length), exact) > SIGNIFICANCE
+    exact = exact_joint(target, PROMPT, sampling, length)
+    assert chi_square_p_value(continuation_codes(out.tokens, length, SMALL_VOCAB), exact) > SIGNIFICANCE
 
 
 def test_end_to_end_test_rejects_an_always_accept_rule(small_pair):
@@ -168,8 +136,8 @@ def test_end_to_end_test_rejects_an_always_accept_rule(small_pair):
     ids = torch.tensor([PROMPT]).expand(batch, -1)
     out = specdec.Decoder(target, specdec.ModelDrafter(draft), AlwaysAccept(), specdec.FixedLength(2), sampling).generate(
         ids, max_new_tokens=length, seed=1)
-    exact = exact_joint_of_first_tokens(target, sampling, length)
-    assert chi_square_p_value(sequence_codes(out.tokens, length), exact) < SIGNIFICANCE
+    exact = exact_joint(target, PROMPT, sampling, length)
+    assert chi_square_p_value(continuation_codes(out.tokens, length, SMALL_VOCAB), exact) < SIGNIFICANCE
 
 
 def test_baseline_sampling_reproduces_the_target_joint_distribution(small_pair):
@@ -177,5 +145,5 @@ def test_baseline_sampling_reproduces_the_target_joint_distribution(small_pair):
     sampling = SETTINGS["t1"]
     ids = torch.tensor([PROMPT]).expand(6000, -1)
     out = specdec.generate(target, ids, temperature=1.0, max_new_tokens=3, seed=2)
-    exact = exact_joint_of_first_tokens(target, sampling, 3)
-    assert chi_square_p_value(sequence_codes(out.tokens, 3), exact) > SIGNIFICANCE
+    exact = exact_joint(target, PROMPT, sampling, 3)
+    assert chi_square_p_value(continuation_codes(out.tokens, 3, SMALL_VOCAB), exact) > SIGNIFICANCE
