@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from specdec.results import CONFIG, INTERVAL_METRICS, LIST_COLUMNS, ROWS, SUMMARY, parse_rows
+from specdec.results import CONFIG, FAILURE, INTERVAL_METRICS, LIST_COLUMNS, ROWS, SUMMARY, parse_rows
 
 # What analysis/ itself reads; other schema columns are loaded when present.
 REQUIRED_COLUMNS = ("run_id", "prompt_id", "pair", "strategy", "k", "sampling", *INTERVAL_METRICS,
@@ -31,6 +31,15 @@ class ResultsError(ValueError):
 
 class PartialRunWarning(UserWarning):
     """A run without summary.json (killed or still running) was loaded."""
+
+
+@dataclass
+class UnfinishedJob:
+    """A run or sweep job directory that holds no complete run."""
+
+    job_dir: Path
+    state: str  # "failed" (failure.json), "skipped" (summary.json says so), "no rows" (neither, and no rows)
+    detail: str  # the error, the reason, or what may have happened
 
 
 @dataclass
@@ -50,21 +59,68 @@ def load_runs(*paths: str | os.PathLike, config_keys: tuple[str, ...] = ()) -> p
     return build_frame(runs)
 
 
-def find_run_dirs(paths) -> list[Path]:
-    """Run directories (those holding rows.jsonl) at or below each path, in natural job order."""
+def check_paths(paths) -> list[Path]:
+    """The paths as directories, or a one-line ResultsError naming the first that is not one."""
     if not paths:
         raise ResultsError("no paths given; pass run or sweep directories")
-    found: dict[Path, None] = {}  # ordered set: the same run reached twice is loaded once
     for path in map(Path, paths):
         if not path.exists():
             raise ResultsError(f"{path}: no such file or directory")
         if not path.is_dir():
             raise ResultsError(f"{path}: not a directory; pass a run or sweep directory")
+    return list(map(Path, paths))
+
+
+def find_run_dirs(paths) -> list[Path]:
+    """Run directories (those holding rows.jsonl) at or below each path, in natural job order."""
+    found: dict[Path, None] = {}  # ordered set: the same run reached twice is loaded once
+    for path in check_paths(paths):
         rows_files = sorted(path.rglob(ROWS), key=lambda p: _natural_key(p.relative_to(path)))
         if not rows_files:
             raise ResultsError(f"{path}: no runs found (no {ROWS} in it or below it)")
         found.update((p.parent.resolve(), None) for p in rows_files)
     return list(found)
+
+
+def has_rows(paths) -> bool:
+    """Whether any run at or below the paths has a rows.jsonl."""
+    return any(next(path.rglob(ROWS), None) is not None for path in check_paths(paths))
+
+
+# What marks a directory as a run or sweep job, whatever became of it: Hydra writes .hydra/ as the job starts.
+JOB_MARKERS = (".hydra", CONFIG, ROWS, SUMMARY, FAILURE)
+
+
+def unfinished_jobs(*paths: str | os.PathLike) -> list[UnfinishedJob]:
+    """Run and sweep job directories at or below the paths that hold no complete run, in natural job order: jobs
+    that failed (with their error, and how many rows they kept), jobs a sweep skipped (with the reason), and jobs
+    with neither a summary nor a row (killed before their first prompt finished, or still running). A run with rows
+    but no summary and no error is not listed here: `load_runs` loads it as partial."""
+    job_dirs: dict[Path, None] = {}
+    for path in check_paths(paths):
+        for marker in (found for name in JOB_MARKERS for found in path.rglob(name)):
+            # Not Hydra's own .hydra/config.yaml, nor what submitit keeps under .submitit/.
+            if not any(part.startswith(".") for part in marker.relative_to(path).parent.parts):
+                job_dirs[marker.parent.resolve()] = None
+    unfinished = (job_state(job_dir) for job_dir in sorted(job_dirs, key=_natural_key))
+    return [job for job in unfinished if job is not None]
+
+
+def job_state(job_dir: Path) -> UnfinishedJob | None:
+    """What became of one job directory; None for a complete run, or a partial one with rows and no error."""
+    rows = parse_rows((job_dir / ROWS).read_text(encoding="utf-8"))[0] if (job_dir / ROWS).exists() else []
+    if (job_dir / FAILURE).exists():
+        failure = json.loads((job_dir / FAILURE).read_text(encoding="utf-8"))
+        return UnfinishedJob(job_dir, "failed", f"{failure.get('error')} ({len(rows)} row(s) kept)")
+    if (job_dir / SUMMARY).exists():
+        summary = json.loads((job_dir / SUMMARY).read_text(encoding="utf-8"))
+        if summary.get("status") == "skipped":
+            return UnfinishedJob(job_dir, "skipped", str(summary.get("reason")))
+        return None
+    if not rows:
+        return UnfinishedJob(job_dir, "no rows", f"no {SUMMARY} and no rows: killed before its first prompt "
+                                                 "finished, or still running")
+    return None
 
 
 def _natural_key(path: Path) -> list:

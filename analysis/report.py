@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import PartialRunWarning, ResultsError, load_runs
+from analysis.load import PartialRunWarning, ResultsError, UnfinishedJob, has_rows, load_runs, unfinished_jobs
 from analysis.plots import plot_acceptance, plot_per_position, plot_speedup, plot_throughput
 from analysis.summarize import format_value, setting_label, summarize_runs, varying_axes
 from analysis.tables import format_cell, pivot_metric, to_markdown
@@ -53,20 +53,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def write_report(paths: list[str], out: str | None = None) -> Path:
-    """Load the runs, write report.md, summary.csv, pivot_<metric>.csv and the plots into `out`."""
+    """Load the runs, write report.md, summary.csv, pivot_<metric>.csv and the plots into `out`. Jobs that failed,
+    were skipped or left no rows are named; when no job left rows, report.md names them and nothing else."""
+    jobs = unfinished_jobs(*paths)
+    out_dir = Path(out or paths[0])
+    if jobs and not has_rows(paths):
+        return write_markdown(out_dir, "\n".join(["# Speculative decoding report", "", *job_lines(jobs),
+                                                  "", "No job wrote rows: nothing to compare.", ""]))
     frame = load_runs(*paths)
     summary = summarize_runs(frame)
-    out_dir = Path(out or paths[0])
     out_dir.mkdir(parents=True, exist_ok=True)
     summary.to_csv(out_dir / "summary.csv", index=False)
     sections = [
-        header(paths, frame, summary),
+        header(paths, frame, summary, jobs),
         summary_section(summary),
         pivot_section(summary, out_dir),
         plot_section(summary, out_dir),
     ]
+    return write_markdown(out_dir, "\n".join(sections))
+
+
+def write_markdown(out_dir: Path, text: str) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
     report = out_dir / "report.md"
-    report.write_text("\n".join(sections))
+    report.write_text(text)
     return report
 
 
@@ -79,7 +89,7 @@ def label(run: pd.Series, axes: list[str]) -> str:
     return setting_label(run, axes) + (" (partial run)" if run["partial"] else "")
 
 
-def header(paths: list[str], frame: pd.DataFrame, summary: pd.DataFrame) -> str:
+def header(paths: list[str], frame: pd.DataFrame, summary: pd.DataFrame, jobs: list[UnfinishedJob]) -> str:
     lines = [
         "# Speculative decoding report",
         "",
@@ -88,11 +98,46 @@ def header(paths: list[str], frame: pd.DataFrame, summary: pd.DataFrame) -> str:
         f"- {len(summary)} runs, {len(frame)} (run, prompt) rows, "
         f"{frame['prompt_id'].nunique()} distinct prompts; from {', '.join(f'`{p}`' for p in paths)}",
     ]
+    failed = {str(job.job_dir) for job in jobs if job.state == "failed"}
     for _, run in summary[summary["partial"]].iterrows():
-        lines.append(f"- **Partial run** (no {SUMMARY}, killed?): `{run['run_dir']}`, "
-                     f"{run['n_prompts']} prompts loaded")
+        if run["run_dir"] not in failed:  # a failed job's line says why it is partial
+            lines.append(f"- **Partial run** (no {SUMMARY}, killed?): `{run['run_dir']}`, "
+                         f"{run['n_prompts']} prompts loaded")
+    lines += job_lines(jobs) + timing_lines(frame, summary)
     lines += ["", fastest_sentence(summary), ""]
     return "\n".join(lines)
+
+
+JOB_TITLES = {"failed": "Failed job", "skipped": "Skipped job", "no rows": "Job without rows"}
+
+
+def job_lines(jobs: list[UnfinishedJob]) -> list[str]:
+    """One line per job that left no complete run, so that none is silently missing from the comparison."""
+    return [f"- **{JOB_TITLES[job.state]}** `{job.job_dir}`: {job.detail}" for job in jobs]
+
+
+def timing_lines(frame: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
+    """Warnings about timings that cannot be compared as they are: rows decoded while other jobs of the sweep ran
+    on the same machine, and runs spread over several machines."""
+    lines = []
+    if "concurrent_jobs" in frame:
+        counts = pd.to_numeric(frame["concurrent_jobs"])
+        shared = frame[counts > 1]
+        if len(shared):
+            lines.append(
+                f"- **Warning: distorted timings.** {len(shared)} of {len(frame)} rows "
+                f"({shared['run_dir'].nunique()} of {len(summary)} runs) were decoded while other jobs of the sweep "
+                f"ran on the same machine (up to {int(counts.max())} at once); their seconds, tokens/s, speedups and "
+                "cost ratios are not those of a machine to themselves (column `concurrent jobs` below). For timings, "
+                "run jobs one at a time per machine (the default launcher, or one job per SLURM node).")
+        if counts.isna().any():
+            lines.append(f"- {int(counts.isna().sum())} rows could not count the jobs beside them "
+                         "(`concurrent_jobs` is null: the file system gave no locks).")
+    if "host" in frame and frame["host"].nunique() > 1:
+        hosts = sorted(map(str, frame["host"].dropna().unique()))
+        lines.append(f"- Runs ran on {len(hosts)} machines ({', '.join(hosts)}); timings compare across runs only if "
+                     "the machines are alike (column `hosts` below).")
+    return lines
 
 
 def fastest_sentence(summary: pd.DataFrame) -> str:
@@ -133,6 +178,10 @@ def summary_section(summary: pd.DataFrame) -> str:
     table["predicted speedup"] = summary["predicted_speedup"]
     table["prompts"] = summary["n_prompts"]
     table["partial"] = summary["partial"].map({True: "yes", False: ""})
+    if "most_concurrent_jobs" in summary and (summary["most_concurrent_jobs"] > 1).any():
+        table["concurrent jobs"] = summary["most_concurrent_jobs"]
+    if "hosts" in summary and len(set(", ".join(summary["hosts"]).split(", "))) > 1:
+        table["hosts"] = summary["hosts"]
     return ("## Runs\n\nMean over prompts [95% Student t interval, clipped to the metric's range; none with fewer "
             f"than {MIN_PROMPTS_FOR_INTERVAL} prompts]; predicted speedup from the mean acceptance "
             "rate and cost ratio (Leviathan et al., 2023). All columns in `summary.csv`.\n\n"

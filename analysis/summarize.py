@@ -9,14 +9,14 @@ import pandas as pd
 
 import specdec
 from analysis.load import per_position_long
-from specdec.results import INTERVAL_METRICS, METRIC_COLUMNS, PROMPT_COLUMNS, confidence_interval
+from specdec.results import CONDITION_COLUMNS, INTERVAL_METRICS, METRIC_COLUMNS, PROMPT_COLUMNS, confidence_interval
 
 # A run's predicted speedup is recomputed from its mean acceptance rate and mean cost ratio, not averaged.
 SUMMARIZED_METRICS = tuple(metric for metric in INTERVAL_METRICS if metric != "predicted_speedup")
 STAT_COLUMNS = tuple(f"{metric}_{stat}" for metric in SUMMARIZED_METRICS for stat in ("mean", "ci_low", "ci_high"))
 # Summary columns that describe neither a setting nor a summarized metric.
 BOOKKEEPING_COLUMNS = ("run_id", "group", "run_dir", "partial", "n_prompts", "predicted_speedup",
-                       "per_position_acceptance")
+                       "per_position_acceptance", "most_concurrent_jobs", "hosts")
 
 
 def predicted_speedup(alpha, k, cost_ratio) -> np.ndarray:
@@ -28,8 +28,10 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per run: the columns constant within every run, `n_prompts`, `partial`, and for each summarized
     metric `<metric>_mean`, `<metric>_ci_low`, `<metric>_ci_high` (95% t interval over prompts).
 
-    Also `predicted_speedup` recomputed from the mean acceptance rate and mean cost ratio, and
-    `per_position_acceptance` as the per-position mean over prompts.
+    Also `predicted_speedup` recomputed from the mean acceptance rate and mean cost ratio,
+    `per_position_acceptance` as the per-position mean over prompts, and, where rows count them,
+    `most_concurrent_jobs`: the most jobs of the sweep that ran on the run's machine while it decoded, and
+    `hosts`: the machines its rows were decoded on (two when a requeued job moved).
     """
     runs = frame.groupby("run_dir", sort=False)
     config = constant_columns(frame)
@@ -37,6 +39,10 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
     for run_dir, rows in runs:
         record = {column: rows[column].iloc[0] for column in config}
         record.update(n_prompts=len(rows), partial=bool(rows["partial"].iloc[0]))
+        if "concurrent_jobs" in rows:
+            record["most_concurrent_jobs"] = pd.to_numeric(rows["concurrent_jobs"]).max()  # NaN: not counted
+        if "host" in rows:
+            record["hosts"] = ", ".join(sorted(map(str, rows["host"].dropna().unique())))
         for metric in SUMMARIZED_METRICS:
             record.update(zip((f"{metric}_mean", f"{metric}_ci_low", f"{metric}_ci_high"),
                               confidence_interval(rows[metric], metric=metric)))
@@ -51,7 +57,7 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
 
 def constant_columns(frame: pd.DataFrame) -> list[str]:
     """Non-metric columns with one value (null counts as one) within every run, in frame order."""
-    excluded = set(METRIC_COLUMNS) | set(PROMPT_COLUMNS) | {"run_dir", "partial"}
+    excluded = set(METRIC_COLUMNS) | set(PROMPT_COLUMNS) | set(CONDITION_COLUMNS) | {"run_dir", "partial"}
     candidates = [column for column in frame.columns if column not in excluded
                   and not frame[column].map(lambda v: isinstance(v, (list, dict))).any()]  # unhashable
     per_run = frame.groupby("run_dir", sort=False)[candidates].nunique(dropna=False)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+from experiments import results
+
+REPO = Path(__file__).resolve().parents[1]  # where `python -m analysis.report` runs from
 
 
 class CheckOutputDirectory(Callback):
@@ -29,3 +34,31 @@ def exit_unless_writable(key: str, directory: str) -> None:
         print(f"config error: {key}={directory!r} cannot be created or written ({err.strerror or err}); "
               f"choose another with {key}=<path>", file=sys.stderr)
         sys.exit(2)
+
+
+class WriteSweepReport(Callback):
+    """When a sweep ends, with any launcher: report.md, its plots and CSVs in the sweep directory. Then, if jobs
+    failed (each recorded its error, see experiments.run), one line naming them, and the sweep exits with their
+    highest exit status.
+
+    Jobs that fail return normally after recording their error: a job that raised would stop Hydra's sweeper
+    before this callback runs, so the report would never be written.
+    """
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir).resolve()
+        write_report(sweep_dir)
+        failed = results.failures(sweep_dir)
+        if failed:
+            names = "; ".join(f"job {job_dir.name}: {mark['error']}" for job_dir, mark in failed.items())
+            print(f"sweep: {len(failed)} job(s) failed ({names}); see {sweep_dir / 'report.md'}", file=sys.stderr)
+            sys.exit(max(mark["exit_code"] for mark in failed.values()))
+
+
+def write_report(sweep_dir: Path) -> None:
+    """``python -m analysis.report <sweep_dir>`` in a child process: experiments never import analysis, and a run
+    never pays for pandas. A report that fails leaves the sweep's results as they are, with one line saying so."""
+    done = subprocess.run([sys.executable, "-m", "analysis.report", str(sweep_dir)], cwd=REPO)
+    if done.returncode != 0:
+        print(f"sweep report not written (exit {done.returncode}); rerun: python -m analysis.report {sweep_dir}",
+              file=sys.stderr)

@@ -15,6 +15,7 @@ import yaml
 from experiments.checks import ConfigError
 from specdec.results import (
     CONFIG,
+    FAILURE,
     INTERVAL_METRICS,
     MIN_PROMPTS_FOR_INTERVAL,
     ROWS,
@@ -163,6 +164,28 @@ def results_dir(resume: bool | str, run_dir: Path, search_root: Path, config: di
             return found, f"resuming {found}"
         return run_dir, f"resume=true: no unfinished run with this config under {search_root}; starting a new run"
     return run_dir, None
+
+
+def record_failure(run_dir: Path, exit_code: int, error: str) -> None:
+    """Mark a sweep job that ended with an error, so that the sweep's report names it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / FAILURE, {"exit_code": exit_code, "error": error})
+
+
+def clear_failure(run_dir: Path) -> None:
+    """A job run again starts without the mark of its last failure."""
+    (run_dir / FAILURE).unlink(missing_ok=True)
+
+
+def failures(sweep_dir: Path) -> dict[Path, dict]:
+    """The failure marks of a sweep's jobs, by job directory."""
+    marks = sorted(sweep_dir.glob(f"*/{FAILURE}"), key=lambda path: job_order(path.parent))
+    return {path.parent: json.loads(path.read_text(encoding="utf-8")) for path in marks}
+
+
+def job_order(job_dir: Path) -> tuple:
+    """Sweep jobs in their numbers' order (2 before 10), other directories after them by name."""
+    return (0, int(job_dir.name), "") if job_dir.name.isdigit() else (1, 0, job_dir.name)
 
 
 def write_json(path: Path, data: dict) -> None:

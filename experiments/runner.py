@@ -30,6 +30,7 @@ from tqdm import tqdm
 import specdec
 from experiments import results
 from experiments.checks import ConfigError, complete_drafter, one_line, validate
+from experiments.concurrency import LiveJobs, host_name, live_jobs_dir
 from specdec.batching import left_pad
 from specdec.results import CONFIG, SET_ASIDE, SUMMARY, read_rows
 
@@ -43,6 +44,7 @@ class Job:
     choices: dict  # config group -> chosen option name, e.g. {"sampling": "t1"}
     search_root: Path  # where resume=true looks for unfinished runs
     in_sweep: bool = False  # a job of a -m sweep: incompatible settings skip it; a single run fails instead
+    live_jobs_dir: Path | None = None  # where the sweep's jobs on this host count each other (None: a single run)
 
 
 def job_from_hydra() -> Job:
@@ -54,7 +56,8 @@ def job_from_hydra() -> Job:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     if hydra_cfg.mode == RunMode.MULTIRUN:
         sweep_dir = Path(hydra_cfg.sweep.dir)
-        return Job(run_dir, sweep_dir.name, dict(hydra_cfg.runtime.choices), sweep_dir.parent, in_sweep=True)
+        return Job(run_dir, sweep_dir.name, dict(hydra_cfg.runtime.choices), sweep_dir.parent, in_sweep=True,
+                   live_jobs_dir=live_jobs_dir(sweep_dir))
     return Job(run_dir, run_dir.name, dict(hydra_cfg.runtime.choices), run_dir.parent)
 
 
@@ -109,7 +112,9 @@ def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = No
     failed = True
     try:
         if todo:
-            decode_prompts(cfg, setting, todo, out_dir, done_rows, len(prompts), logger, after_row)
+            # Registered from before the models load: loading competes for the machine too.
+            with LiveJobs(job.live_jobs_dir) as live_jobs:
+                decode_prompts(cfg, setting, todo, out_dir, done_rows, len(prompts), logger, live_jobs, after_row)
         rows = read_rows(out_dir)
         summary = {"run_id": run_id, "group": group, "status": "complete", **identity(rows[0]),
                    "batch_size": cfg.batch_size, **results.summarize(rows)}
@@ -182,6 +187,7 @@ def build_setting(cfg: DictConfig, job: Job, objects: dict, group: str, run_id: 
         "device": cfg.device,
         "dtype": cfg.dtype,
         "compile": cfg.compile,
+        "host": host_name(),
     }
     # Every other parameter of a swept group is its own column, e.g. strategy_lenience, strategy_n.
     for group_name in ("strategy", "draft_length", "drafter"):
@@ -218,8 +224,10 @@ def pair_drafter(setting: Setting, pair, compile: bool) -> object:
         raise ConfigError(f"drafter: {one_line(err)}") from None
 
 
-def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, total: int, logger, after_row) -> None:
-    """Load the pair, warm up, then decode every prompt batch with both decoders and write its rows."""
+def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, total: int, logger, live_jobs: LiveJobs,
+                   after_row) -> None:
+    """Load the pair, warm up, then decode every prompt batch with both decoders and write its rows, each saying how
+    many jobs of the sweep ran on this machine meanwhile (counted before and after the batch)."""
     transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bars say nothing a run needs
     pair = instantiate(cfg.pair)
     tokenizer = pair.tokenizer
@@ -254,6 +262,7 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
     try:
         for index, batch in enumerate(batches):
             input_ids, mask = encode(tokenizer, [p.text for p in batch], device)
+            jobs_before = live_jobs.count()
             # Alternate which decoder goes first, so drift (thermal, caches, other load) hits both alike.
             if index % 2 == 0:
                 base_out = generate_or_explain(generate, baseline, input_ids, mask, batch)
@@ -261,8 +270,9 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
             else:
                 spec_out = generate_or_explain(generate, speculative, input_ids, mask, batch)
                 base_out = generate_or_explain(generate, baseline, input_ids, mask, batch)
+            columns = {**setting.columns, "concurrent_jobs": most_jobs(jobs_before, live_jobs.count())}
             for row_index, prompt in enumerate(batch):
-                row = make_row(setting.columns, prompt, int(mask[row_index].sum()), row_index, len(batch), spec_out,
+                row = make_row(columns, prompt, int(mask[row_index].sum()), row_index, len(batch), spec_out,
                                base_out)
                 writer.write(row)
                 all_rows.append(row)
@@ -274,6 +284,11 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
     finally:
         progress.close()
         writer.close()
+
+
+def most_jobs(before: int | None, after: int | None) -> int | None:
+    """The larger count, or None when jobs cannot be counted."""
+    return None if before is None or after is None else max(before, after)
 
 
 def encode(tokenizer, texts: list[str], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,6 +11,7 @@ A run directory holds
     rows.jsonl              one JSON object per prompt, appended and flushed as each prompt finishes
     summary.json            written at the end; its absence marks a partial (killed) run
     rows.set-aside.jsonl    pieces of rows.jsonl that did not parse, moved aside on resume (rarely present)
+    failure.json            a sweep job that ended with an error: its exit code and the one-line error
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import math
 from pathlib import Path
 
 CONFIG, ROWS, SUMMARY, SET_ASIDE = "config.yaml", "rows.jsonl", "summary.json", "rows.set-aside.jsonl"
+FAILURE = "failure.json"
 
 # The per-prompt measurements of a row, in the order a row holds them; every other column of a row describes the
 # run's setting or the prompt.
@@ -31,6 +33,8 @@ METRIC_COLUMNS = (
     "ttft_seconds", "itl_seconds", "baseline_ttft_seconds", "baseline_itl_seconds",
 )
 PROMPT_COLUMNS = ("prompt_id", "prompt_tokens")
+# Where and beside what a row was measured: neither a setting to compare nor a metric, but what its timings depend on.
+CONDITION_COLUMNS = ("host", "concurrent_jobs")
 # Metrics whose value is a list (one per draft position); a W&B table holds them as JSON text.
 LIST_COLUMNS = ("per_position_acceptance",)
 # Metrics summarised per run as the mean over prompts with a 95% Student t interval (summary.json, analysis/).

@@ -47,6 +47,11 @@ def rows_of(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "rows.jsonl").read_text().splitlines()]
 
 
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """A sweep's job directories, without its hidden ones (.running/, .submitit/)."""
+    return sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
 def compose_run(overrides, run_dir: Path):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("run", overrides=list(overrides), return_hydra_config=True)
@@ -126,7 +131,7 @@ def test_issue_sweep_strategy_by_k_in_process(tiny, tmp_path, monkeypatch):
     overrides = tiny_overrides(tiny, num_prompts=2, max_new_tokens=6, warmup=0)
     main(["-m", "strategy=greedy,speculative", "draft_length.k=1,2", *overrides, "logger=wandb",
           f"hydra.sweep.dir={sweep_dir}"], monkeypatch)
-    jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
+    jobs = job_dirs(sweep_dir)
     assert [p.name for p in jobs] == ["0", "1", "2", "3"] and (sweep_dir / "multirun.yaml").exists()
     settings = set()
     for job in jobs:
@@ -146,7 +151,7 @@ def test_every_drafter_and_draft_length_policy_runs_through_the_app(tiny, tmp_pa
     main(["-m", "drafter=model,ngram,early_exit", "draft_length=fixed,heuristic,confidence,cost_optimal", *overrides,
           f"hydra.sweep.dir={sweep_dir}"], monkeypatch)
     settings = set()
-    for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
+    for job in job_dirs(sweep_dir):
         rows = rows_of(job)
         assert len(rows) == 2 and all(row["emitted"] == 6 for row in rows)
         settings.add((rows[0]["drafter"], rows[0]["draft_length"]))
