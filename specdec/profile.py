@@ -1,7 +1,8 @@
 """What one forward pass costs: the measurements behind a cost ratio c and a predicted speedup.
 
 ``time_forwards`` times a model's forward of n tokens on top of a cached prompt, for each n asked, the way the
-decode loop runs it (the same KV cache, eager or compiled), so benchmarks need no access to the cache itself.
+decode loop runs it (the same KV cache, eager or compiled), so benchmarks need no access to the cache itself;
+``time_tree_forwards`` times the verification of a token tree of N nodes the same way.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 
 from specdec.cache import KVCache, static_capacity
 from specdec.timing import Clock
+from specdec.tree import tree_shape_on
 
 
 def time_forwards(model: torch.nn.Module, prompt: torch.Tensor, widths, repeats: int = 10, warmup: int = 3,
@@ -49,3 +51,34 @@ def median_forward_seconds(cache: KVCache, tokens: torch.Tensor, clock: Clock, r
         samples.append(clock.now() - start)
         cache.keep(nothing_kept, tokens.shape[1], 0)  # roll the forward back: the next sees the same cache
     return statistics.median(samples[warmup:])
+
+
+def time_tree_forwards(model: torch.nn.Module, prompt: torch.Tensor, node_counts, repeats: int = 10,
+                       warmup: int = 3, clock: Clock | None = None, label: str = "model") -> dict[int, float]:
+    """Median seconds of one tree verification of N nodes (each N in ``node_counts``) over a cache holding
+    ``prompt`` [B, T]: the root and N nodes in one forward under a tree's ancestor mask, as the decode loop runs it
+    (dynamic layout). The cost depends on N, not on the tree's shape, so the tree is the root's N children."""
+    node_counts = list(node_counts)
+    if not node_counts or any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < prompt.shape[1]
+                              for n in node_counts):
+        raise ValueError(f"node_counts must be integers in [1, {prompt.shape[1] - 1}] (below the prompt's length), "
+                         f"got {node_counts}")
+    clock = clock or Clock(prompt.device)
+    cache = KVCache(model, prompt.shape[0], prompt.device, label)
+    active = torch.ones(prompt.shape[0], dtype=torch.bool, device=prompt.device)
+    medians = {}
+    with torch.no_grad():
+        cache.prefill(prompt, torch.ones_like(prompt))
+        for n in node_counts:
+            shape = tree_shape_on((n,), prompt.device)
+            tokens = prompt[:, : n + 1]  # [B, N+1]: the root, then the nodes
+            nothing_kept = torch.zeros_like(tokens, dtype=torch.bool)
+            samples = []
+            for _ in range(warmup + repeats):
+                start = clock.now()
+                cache.forward_tree(tokens, shape.ancestors, shape.depth_offsets, active)
+                samples.append(clock.now() - start)
+                cache.keep_slots(nothing_kept)
+                cache.crop_tail(n + 1)  # every slot is a hole: the next forward sees the same cache
+            medians[n] = statistics.median(samples[warmup:])
+    return medians

@@ -1,0 +1,151 @@
+"""Token trees against chains that verify the same number of tokens, and the verify cost of trees of 1..64 nodes.
+
+    python -m experiments.tree_bench                         # embedded pair, fp32, greedy
+    python -m experiments.tree_bench --dtype bfloat16
+    python -m experiments.tree_bench --verify-costs gpt2-xl-shaped --dtype bfloat16   # GPT-2 XL shapes
+
+Part 1 (the pair): each group verifies N draft nodes per target call: the chain with k = N, and trees with N nodes.
+Every method decodes every held-out prompt in one process, interleaved with the autoregressive baseline of the
+same loop (the order rotates per prompt), after a warm-up round. Columns: tau = tokens per target call, the target's
+and the draft's time per call, tokens/s, and the speedup over the baseline. At temperature 0 every method must emit
+the baseline's tokens (checked).
+Part 2 (--verify-costs PAIR): the target's time to verify a tree of N nodes (one forward of N + 1 tokens under the
+tree mask) against one decode step, so the speedup of a tree on that hardware can be predicted: a tree of N nodes
+beats a chain of k when tau_tree / tau_chain > cost(N) / cost(k) (draft costs aside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import transformers
+
+import specdec
+from specdec import Clock
+from specdec.batching import left_pad
+from specdec.profile import time_forwards, time_tree_forwards
+from experiments.bench import load_bench_pair, markdown, positive_int, run_interleaved
+
+# Groups of methods that verify the same number N of draft nodes per target call: a chain of k = N, then trees.
+DEFAULT_GROUPS = {
+    4: [(2, 1), (4,)],
+    6: [(2, 2), (3, 1), (2, 1, 1)],
+    8: [(2, 1, 1, 1), (4, 1)],
+    14: [(2, 2, 1, 1)],
+}
+VERIFY_NODE_COUNTS = [1, 2, 4, 8, 16, 32, 64]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                prog="python -m experiments.tree_bench")
+    p.add_argument("--pair", default="embedded")
+    p.add_argument("--prompts", type=positive_int, default=8)
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=positive_int, default=None)
+    p.add_argument("--verify-costs", metavar="PAIR", default=None,
+                   help="also time tree verification on this pair's target (e.g. gpt2-xl-shaped)")
+    p.add_argument("--repeats", type=positive_int, default=5)
+    p.add_argument("--out", type=Path, default=None, help="write the tables (Markdown) and a JSON copy here")
+    return p.parse_args(argv)
+
+
+def tree_label(branching: tuple[int, ...]) -> str:
+    return "tree " + "-".join(map(str, branching))
+
+
+def decoders(pair, groups: dict, temperature: float) -> dict[str, tuple[specdec.Decoder, int]]:
+    """Name -> (decoder, nodes verified per call): the baseline, then per group the chain and its trees."""
+    sampling = specdec.SamplingConfig(temperature=temperature)
+    made = {"baseline": (specdec.Decoder(pair.target, None, specdec.Speculative(), sampling=sampling), 0)}
+    for nodes, trees in groups.items():
+        made[f"chain k={nodes}"] = (specdec.Decoder(pair.target, specdec.ModelDrafter(pair.draft),
+                                                    specdec.Speculative(), specdec.FixedLength(nodes), sampling),
+                                    nodes)
+        for branching in trees:
+            drafter = specdec.TreeDrafter(pair.draft, branching)
+            made[tree_label(branching)] = (specdec.Decoder(pair.target, drafter, specdec.Speculative(),
+                                                           specdec.FixedLength(len(branching)), sampling), nodes)
+    return made
+
+
+def compare(pair, groups: dict, args, clock: Clock) -> list[dict]:
+    """One row per method: tau, costs per call, tokens/s and speedup, from one interleaved run."""
+    made = decoders(pair, groups, args.temperature)
+    stats = {name: [] for name in made}
+
+    def method(name):
+        decoder = made[name][0]
+
+        def run(prompt, index):
+            ids, mask = left_pad([prompt], device=pair.target.device)
+            out = decoder.generate(ids, mask, args.max_new_tokens, pair.eos_token_id, seed=index)
+            stats[name].append(out.stats)
+            return out.tokens
+        return run
+
+    tallies = run_interleaved(pair, {name: method(name) for name in made}, pair.prompts, args.max_new_tokens, clock)
+    baseline = tallies["baseline"]
+    rows = []
+    for name, (_, nodes) in made.items():
+        runs = stats[name][1:]  # the first is the warm-up round
+        calls = sum(s.target_forwards for s in runs)
+        tally = tallies[name]
+        rows.append({
+            "method": name,
+            "nodes per call": nodes,
+            "tau": round(sum(s.emitted for s in runs) / calls, 3),
+            "target ms/call": round(1000 * sum(s.target_step_seconds for s in runs) / calls, 2),
+            "draft ms/call": round(1000 * sum(s.draft_step_seconds for s in runs) / calls, 2),
+            "tokens/s": round(tally.tokens_per_s, 1),
+            "speedup": round(tally.tokens_per_s / baseline.tokens_per_s, 3),
+            "same tokens as baseline": tally.outputs == baseline.outputs if args.temperature == 0 else "n/a (sampled)",
+        })
+    return rows
+
+
+def verify_costs(name: str, args, clock: Clock) -> list[dict]:
+    """The target's time per tree verification of N nodes and per chain forward of N + 1 tokens, as multiples of
+    one decode step."""
+    pair = load_bench_pair(name, 1, args.device, args.dtype)
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, pair.target.config.vocab_size, (1, 128), generator=generator).to(pair.target.device)
+    step = time_forwards(pair.target, prompt, [1], repeats=args.repeats, clock=clock)[1]
+    chains = time_forwards(pair.target, prompt, [n + 1 for n in VERIFY_NODE_COUNTS], repeats=args.repeats, clock=clock)
+    trees = time_tree_forwards(pair.target, prompt, VERIFY_NODE_COUNTS, repeats=args.repeats, clock=clock)
+    return [{"nodes N": n, "tree verify ms": round(1000 * trees[n], 2), "chain of N+1 ms": round(1000 * chains[n + 1], 2),
+             "tree verify / decode step": round(trees[n] / step, 2)} for n in VERIFY_NODE_COUNTS]
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    transformers.utils.logging.disable_progress_bar()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = Clock(torch.device(args.device))
+    pair = load_bench_pair(args.pair, args.prompts, args.device, args.dtype)
+    setting = (f"{pair.name}, {args.dtype}, {args.device}, temperature {args.temperature}, {args.prompts} held-out "
+               f"prompts x {args.max_new_tokens} tokens, batch 1, speculative sampling")
+    rows = compare(pair, DEFAULT_GROUPS, args, clock)
+    text = f"## Trees against chains verifying the same number of nodes ({setting})\n\n{markdown(rows)}\n"
+    results = {"setting": setting, "compare": rows}
+    if args.verify_costs:
+        costs = verify_costs(args.verify_costs, args, clock)
+        text += (f"\n## Verify cost of a tree of N nodes ({args.verify_costs}, {args.dtype}, {args.device}, median of "
+                 f"{args.repeats})\n\n{markdown(costs)}\n")
+        results["verify_costs"] = costs
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".md").write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
