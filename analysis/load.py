@@ -40,6 +40,7 @@ class UnfinishedJob:
     job_dir: Path
     state: str  # "failed" (failure.json), "skipped" (summary.json says so), "no rows" (neither, and no rows)
     detail: str  # the error, the reason, or what may have happened
+    rows: int  # rows it kept
 
 
 @dataclass
@@ -82,9 +83,17 @@ def find_run_dirs(paths) -> list[Path]:
     return list(found)
 
 
-def has_rows(paths) -> bool:
-    """Whether any run at or below the paths has a rows.jsonl."""
-    return any(next(path.rglob(ROWS), None) is not None for path in check_paths(paths))
+def loadable_run_dirs(paths, jobs: list[UnfinishedJob]) -> list[Path]:
+    """Run directories at or below the paths, in natural job order, without those of ``jobs`` that kept no row: a
+    job that failed or was killed before its first prompt finished leaves an empty rows.jsonl, which `load_runs`
+    refuses; a report names such jobs instead."""
+    empty = {job.job_dir for job in jobs if job.rows == 0}
+    found: dict[Path, None] = {}
+    for path in check_paths(paths):
+        for rows_file in sorted(path.rglob(ROWS), key=lambda p: _natural_key(p.relative_to(path))):
+            if rows_file.parent.resolve() not in empty:
+                found[rows_file.parent.resolve()] = None
+    return list(found)
 
 
 # What marks a directory as a run or sweep job, whatever became of it: Hydra writes .hydra/ as the job starts.
@@ -111,15 +120,15 @@ def job_state(job_dir: Path) -> UnfinishedJob | None:
     rows = parse_rows((job_dir / ROWS).read_text(encoding="utf-8"))[0] if (job_dir / ROWS).exists() else []
     if (job_dir / FAILURE).exists():
         failure = json.loads((job_dir / FAILURE).read_text(encoding="utf-8"))
-        return UnfinishedJob(job_dir, "failed", f"{failure.get('error')} ({len(rows)} row(s) kept)")
+        return UnfinishedJob(job_dir, "failed", f"{failure.get('error')} ({len(rows)} row(s) kept)", len(rows))
     if (job_dir / SUMMARY).exists():
         summary = json.loads((job_dir / SUMMARY).read_text(encoding="utf-8"))
         if summary.get("status") == "skipped":
-            return UnfinishedJob(job_dir, "skipped", str(summary.get("reason")))
+            return UnfinishedJob(job_dir, "skipped", str(summary.get("reason")), len(rows))
         return None
     if not rows:
         return UnfinishedJob(job_dir, "no rows", f"no {SUMMARY} and no rows: killed before its first prompt "
-                                                 "finished, or still running")
+                                                 "finished, or still running", 0)
     return None
 
 

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import PartialRunWarning, ResultsError, UnfinishedJob, has_rows, load_runs, unfinished_jobs
+from analysis.load import (
+    PartialRunWarning,
+    ResultsError,
+    UnfinishedJob,
+    load_runs,
+    loadable_run_dirs,
+    unfinished_jobs,
+)
 from analysis.plots import plot_acceptance, plot_per_position, plot_speedup, plot_throughput
 from analysis.summarize import format_value, setting_label, summarize_runs, varying_axes
 from analysis.tables import format_cell, pivot_metric, to_markdown
@@ -57,10 +64,11 @@ def write_report(paths: list[str], out: str | None = None) -> Path:
     were skipped or left no rows are named; when no job left rows, report.md names them and nothing else."""
     jobs = unfinished_jobs(*paths)
     out_dir = Path(out or paths[0])
-    if jobs and not has_rows(paths):
+    run_dirs = loadable_run_dirs(paths, jobs)
+    if jobs and not run_dirs:
         return write_markdown(out_dir, "\n".join(["# Speculative decoding report", "", *job_lines(jobs),
                                                   "", "No job wrote rows: nothing to compare.", ""]))
-    frame = load_runs(*paths)
+    frame = load_runs(*(run_dirs or paths))  # with nothing to load, load_runs names what is missing
     summary = summarize_runs(frame)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary.to_csv(out_dir / "summary.csv", index=False)
