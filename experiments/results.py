@@ -178,8 +178,8 @@ def clear_failure(run_dir: Path) -> None:
 
 
 def failures(sweep_dir: Path) -> dict[Path, dict]:
-    """The failure marks of a sweep's jobs, by job directory."""
-    marks = sorted(sweep_dir.glob(f"*/{FAILURE}"), key=lambda path: job_order(path.parent))
+    """The failure marks of a sweep's jobs, by job directory (at any depth, as hydra.sweep.subdir may nest)."""
+    marks = sorted(sweep_dir.rglob(FAILURE), key=lambda path: job_order(path.parent))
     return {path.parent: json.loads(path.read_text(encoding="utf-8")) for path in marks}
 
 

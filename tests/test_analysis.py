@@ -361,3 +361,58 @@ def test_report_script_reports_a_bad_path_in_one_line(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr == f"error: {missing}: no such file or directory\n"
+
+
+def test_report_names_jobs_that_failed_were_skipped_or_left_no_rows(sweep, tmp_path):
+    """Every job directory of a sweep is accounted for: a failed job with its error (its rows, if any, still load),
+    a skipped job with its reason, a job that left nothing but Hydra's files; Hydra's own .hydra/config.yaml is no job."""
+    (sweep / "4" / "failure.json").write_text(json.dumps({"exit_code": 1, "error": "RuntimeError: CUDA out of memory"}))
+    (sweep / "5").mkdir()
+    (sweep / "5" / "failure.json").write_text(json.dumps({"exit_code": 2, "error": "config error: k=0"}))
+    (sweep / "5" / "rows.jsonl").write_text("")  # opened as decoding starts, before the failure
+    (sweep / "6" / ".hydra").mkdir(parents=True)
+    (sweep / "6" / ".hydra" / "config.yaml").write_text("{}\n")
+    (sweep / "6" / "summary.json").write_text(json.dumps({"status": "skipped", "reason": "greedy needs t=0"}))
+    (sweep / "7" / ".hydra").mkdir(parents=True)
+    out = tmp_path / "report"
+    assert main([str(sweep), "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    jobs = [line for line in report.splitlines() if line.startswith("- **")]
+    assert jobs == [
+        f"- **Failed job** `{(sweep / '4').resolve()}`: RuntimeError: CUDA out of memory (2 row(s) kept)",
+        f"- **Failed job** `{(sweep / '5').resolve()}`: config error: k=0 (0 row(s) kept)",
+        f"- **Skipped job** `{(sweep / '6').resolve()}`: greedy needs t=0",
+        f"- **Job without rows** `{(sweep / '7').resolve()}`: no summary.json and no rows: killed before its first "
+        "prompt finished, or still running",
+    ]
+    assert "5 runs, 14 (run, prompt) rows" in report  # job 4's two rows load, flagged partial
+
+
+def test_report_of_a_sweep_where_every_job_failed_names_them(tmp_path):
+    for job in ("0", "1"):
+        (tmp_path / job).mkdir()
+        (tmp_path / job / "failure.json").write_text(json.dumps({"exit_code": 2, "error": f"config error: job {job}"}))
+    assert main([str(tmp_path)]) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert report.count("**Failed job**") == 2 and "No job wrote rows: nothing to compare." in report
+
+
+def test_rows_measured_beside_other_jobs_or_on_several_machines_are_no_setting_and_the_report_warns(tmp_path):
+    """host and concurrent_jobs describe where a row was measured: runs are never told apart by them, and the report
+    says which timings were shared and that machines differ."""
+    runs = [("a", 2, "node1", [1, 1, 1]), ("b", 4, "node2", [1, 3, 2]), ("c", 6, "node1", [None, None, None])]
+    for run_id, k, host, counts in runs:
+        write_run(tmp_path / "sweep" / run_id, [make_row(run_id, f"p{i}", k=k, host=host, concurrent_jobs=count)
+                                                for i, count in enumerate(counts)])
+    frame = load_runs(tmp_path / "sweep")
+    summary = summarize_runs(frame)
+    assert varying_axes(summary) == ["k"]
+    assert summary["most_concurrent_jobs"].tolist()[:2] == [1, 3] and math.isnan(summary["most_concurrent_jobs"][2])
+    assert summary["hosts"].tolist() == ["node1", "node2", "node1"]
+    assert main([str(tmp_path / "sweep")]) == 0
+    report = (tmp_path / "sweep" / "report.md").read_text()
+    assert ("**Warning: distorted timings.** 2 of 9 rows (1 of 3 runs) were decoded while other jobs of the sweep ran "
+            "on the same machine (up to 3 at once)") in report
+    assert "- 3 rows could not count the jobs beside them" in report
+    assert "- Runs ran on 2 machines (node1, node2)" in report
+    assert "| partial | concurrent jobs | hosts |" in report
