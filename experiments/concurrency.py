@@ -83,7 +83,10 @@ class LiveJobs:
             return None
         if self.directory is None:
             return 1
-        return sum(is_held(entry) for entry in self.directory.iterdir() if not entry.name.startswith("."))
+        # Its own entry is never probed: where locks are POSIX record locks (flock on NFS), a process's second lock
+        # on its own file succeeds, and closing the probe would release the lock it holds.
+        return sum(entry == self.path or is_held(entry) for entry in self.directory.iterdir()
+                   if not entry.name.startswith("."))
 
 
 def is_held(entry: Path) -> bool:
