@@ -76,6 +76,7 @@ def write_report(paths: list[str], out: str | None = None) -> Path:
         header(paths, frame, summary, jobs),
         summary_section(summary),
         pivot_section(summary, out_dir),
+        tree_section(frame, summary),
         plot_section(summary, out_dir),
     ]
     return write_markdown(out_dir, "\n".join(sections))
@@ -237,6 +238,27 @@ def plot_section(summary: pd.DataFrame, out_dir: Path) -> str:
         plot(summary, out_dir / filename)
         parts.append(f"### {caption}\n\n![{caption}]({filename})\n")
     return "\n".join(parts)
+
+
+def tree_section(frame: pd.DataFrame, summary: pd.DataFrame) -> str:
+    """Token trees beside chains that verify about as many draft tokens per target call: tau and speedup. Empty
+    unless the runs hold both."""
+    drafters = set(summary["drafter"]) if "drafter" in summary else set()
+    if "tree" not in drafters or not drafters - {"tree"}:
+        return ""
+    runs = frame.groupby("run_dir", sort=False)[["drafted", "target_calls"]].sum()
+    verified = (runs["drafted"] / runs["target_calls"]).reindex(summary["run_dir"]).to_numpy()  # per run
+    axes = label_axes(summary)
+    table = pd.DataFrame({
+        "setting": [label(run, axes) for _, run in summary.iterrows()],
+        "drafted per call": [format_cell(v) for v in verified],
+        "τ (tokens/target call)": [with_ci(run, "mean_accepted_length") for _, run in summary.iterrows()],
+        "speedup": [with_ci(run, "speedup") for _, run in summary.iterrows()],
+    }).iloc[verified.argsort(kind="stable")]
+    return ("## Trees against chains\n\nEach run's draft tokens verified per target call (a chain's k, a tree's "
+            "nodes), then τ and speedup, mean [95% CI]: compare a tree with the chain that verifies as many tokens. "
+            "A tree's acceptance rate counts every node it drafted, so compare τ, not acceptance.\n\n"
+            + to_markdown(table, index=False) + "\n")
 
 
 if __name__ == "__main__":

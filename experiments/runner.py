@@ -190,8 +190,11 @@ def build_setting(cfg: DictConfig, job: Job, objects: dict, group: str, run_id: 
         "host": host_name(),
     }
     # Every other parameter of a swept group is its own column, e.g. strategy_lenience, strategy_n.
+    # A list of numbers (a tree's branching) is one column, e.g. drafter_branching = "2-2-1-1".
     for group_name in ("strategy", "draft_length", "drafter"):
         for key, value in cfg[group_name].items():
+            if OmegaConf.is_list(value):
+                value = "-".join(map(str, value))
             if not key.startswith("_") and key != "k" and isinstance(value, (int, float, str, bool, type(None))):
                 columns[f"{group_name}_{key}"] = value
     return Setting(strategy, policy, sampling, objects["drafter_factory"], objects["drafter"], columns)
@@ -273,7 +276,7 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
             columns = {**setting.columns, "concurrent_jobs": most_jobs(jobs_before, live_jobs.count())}
             for row_index, prompt in enumerate(batch):
                 row = make_row(columns, prompt, int(mask[row_index].sum()), row_index, len(batch), spec_out,
-                               base_out)
+                               base_out, tree=speculative.drafter.drafts_trees)
                 writer.write(row)
                 all_rows.append(row)
                 logger.log_row(results.finite_or_none_deep(row), len(all_rows) - 1)
@@ -310,8 +313,10 @@ def per_token(seconds: float, tokens: int) -> float:
     return seconds / tokens if tokens else math.nan
 
 
-def make_row(columns: dict, prompt, prompt_tokens: int, i: int, batch_size: int, spec, base) -> dict:
-    """One flat row (docs/results-schema.md) for row ``i`` of a batch decoded by both decoders."""
+def make_row(columns: dict, prompt, prompt_tokens: int, i: int, batch_size: int, spec, base,
+             tree: bool = False) -> dict:
+    """One flat row (docs/results-schema.md) for row ``i`` of a batch decoded by both decoders. Leviathan's
+    predicted speedup is for chains: a token tree (``tree``) gets none."""
     s, b = spec.stats, base.stats
     counts = s.rows[i]
     k = columns["k"]
@@ -319,7 +324,7 @@ def make_row(columns: dict, prompt, prompt_tokens: int, i: int, batch_size: int,
     acceptance = counts.acceptance_rate
     cost_ratio = s.cost_ratio
     predicted = (specdec.predicted_speedup(acceptance, k, cost_ratio)
-                 if math.isfinite(acceptance) and math.isfinite(cost_ratio) else math.nan)
+                 if math.isfinite(acceptance) and math.isfinite(cost_ratio) and not tree else math.nan)
     return {
         **columns,
         "batch_size": batch_size,

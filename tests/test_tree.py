@@ -246,3 +246,25 @@ def test_the_public_check_gives_the_same_verdict(small_pair, rule, lossless):
     report = check_lossless(rule, make_drafter=lambda d, t: specdec.TreeDrafter(d, (3, 1, 2)), k=3, target=target,
                             draft=draft)
     assert report.p_value == pytest.approx(p_value) and report.lossless is lossless
+
+
+def test_a_sweep_of_chains_and_trees_records_the_shape_and_reports_them_side_by_side(tmp_path, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    from analysis import load_runs, report
+    from experiments import run as run_app
+
+    sweep = tmp_path / "sweep"
+    monkeypatch.setattr(sys, "argv", [
+        str(Path(run_app.__file__)), "-m", "drafter=model,tree", "draft_length.k=2", "num_prompts=2",
+        "max_new_tokens=8", "warmup=0", "device=cpu", "threads=1", f"hydra.sweep.dir={sweep}",
+    ])
+    run_app.main()
+    frame = load_runs(sweep)
+    trees = frame[frame["drafter"] == "tree"]
+    assert set(trees["drafter_branching"]) == {"2-2-1-1"} and trees["predicted_speedup"].isna().all()
+    assert (trees["drafted"] <= 6 * trees["target_calls"]).all() and (trees["drafted"] > 0).all()  # 2 + 4 nodes
+    assert report.main([str(sweep)]) == 0
+    section = (sweep / "report.md").read_text().split("## Trees against chains")[1]
+    assert "drafter=model" in section and "drafter=tree" in section
