@@ -479,7 +479,8 @@ def main() -> None:
 
 def measure(args, tok, prompts, target, draft, target_run: dict, draft_run: dict, heldout_stream) -> dict:
     """Everything the model card reports: perplexities, loops, acceptance, cost, training time."""
-    target.eval(), draft.eval()
+    target.eval()
+    draft.eval()
     prompt_ids = [tok(p["text"])["input_ids"] for p in prompts[:args.accept_prompts]]
     continuations = greedy_continuations(target, prompt_ids, args.accept_new_tokens)
     target_ms, draft_ms = decode_step_ms(target), decode_step_ms(draft)

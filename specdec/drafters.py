@@ -153,6 +153,7 @@ class TreeDrafter(Drafter):
         self.unfed_mask = torch.ones_like(self.unfed)  # [B, m] 0: a hole
         self.live = torch.ones_like(self.unfed)  # [B, 1] 0 for finished rows
         self.shape_on = tree_shape_on(self.shape.branching, input_ids.device)
+        self.proposed = input_ids[:, :0]  # [B, N] the last tree's nodes (none yet; rows may retire before one)
         self.num_forwards = 0
 
     def propose(

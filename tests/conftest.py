@@ -13,6 +13,20 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from specdec.batching import left_pad  # noqa: F401 - the tests' padding helper is the library's
 
 VOCAB = 97
+# Lossless tests decode one prompt with a tiny-vocabulary pair and enumerate every continuation.
+SMALL_VOCAB = 8
+PROMPT = [3, 1, 4, 1, 5]
+
+
+class TickingClock:
+    """Each reading is one tick later than the last, so measured durations count clock readings exactly."""
+
+    def __init__(self):
+        self.ticks = 0
+
+    def now(self) -> float:
+        self.ticks += 1
+        return float(self.ticks)
 
 
 def tiny_gpt2(

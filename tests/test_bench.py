@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_prompts, tiny_gpt2
+from conftest import TickingClock, random_prompts, tiny_gpt2
 
 import specdec
 from experiments import bench
 from specdec.batching import left_pad
 from specdec.cache import KVCache
 from specdec.profile import time_forwards
-
-
-class TickingClock:
-    """Each reading is one tick later than the last, so hooks' durations count clock readings exactly."""
-
-    def __init__(self):
-        self.ticks = 0
-
-    def now(self) -> float:
-        self.ticks += 1
-        return float(self.ticks)
 
 
 def tiny_pair() -> bench.Pair:

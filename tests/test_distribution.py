@@ -18,7 +18,7 @@ from specdec.interfaces import count_leading_true
 from specdec.strategies import Speculative
 from specdec.testing import chi_square_p_value, continuation_codes, exact_joint
 from specdec.types import Verdict
-from conftest import tiny_gpt2
+from conftest import PROMPT, SMALL_VOCAB, tiny_gpt2
 
 SIGNIFICANCE = 1e-3
 
@@ -104,9 +104,7 @@ def test_bonus_token_follows_target_after_a_fully_accepted_draft():
     assert chi_square_p_value(verdict.next_token, p[2]) > SIGNIFICANCE
 
 
-SMALL_VOCAB = 8
-PROMPT = [3, 1, 4, 1, 5]
-SETTINGS = {
+SETTINGS = {  # sampling settings every lossless test runs under (tests/test_tree.py too)
     "t1": SamplingConfig(temperature=1.0),
     "t0.7-topk5": SamplingConfig(temperature=0.7, top_k=5),
     "t1.3-topp0.8": SamplingConfig(temperature=1.3, top_p=0.8),

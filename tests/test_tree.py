@@ -14,7 +14,8 @@ from specdec.strategies import Speculative
 from specdec.testing import chi_square_p_value, check_lossless, continuation_codes, exact_joint
 from specdec.tree import first_accepted_path, greedy_tree, kept_positions, speculative_tree, tree_shape
 from specdec.types import TreeVerdict
-from conftest import hf_greedy, left_pad, tiny_gpt2
+from conftest import PROMPT, SMALL_VOCAB, hf_greedy, left_pad, tiny_gpt2
+from test_distribution import SETTINGS
 
 SIGNIFICANCE = 1e-3
 SHAPES = [(1, 1, 1), (2, 2, 1), (3, 1, 2)]
@@ -170,13 +171,6 @@ def test_trees_need_a_tree_rule_and_the_dynamic_layout(target, unrelated):
 
 # --- losslessness through the real loop -----------------------------------------------------------------------
 
-SMALL_VOCAB = 8
-PROMPT = [3, 1, 4, 1, 5]
-SETTINGS = {
-    "t1": SamplingConfig(temperature=1.0),
-    "t0.7-topk5": SamplingConfig(temperature=0.7, top_k=5),
-    "t1.3-topp0.8": SamplingConfig(temperature=1.3, top_p=0.8),
-}
 
 
 @pytest.fixture(scope="module")

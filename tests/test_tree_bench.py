@@ -4,19 +4,10 @@ nodes, in one interleaved run, and times tree verification over an unchanged cac
 from __future__ import annotations
 
 import torch
-from conftest import random_prompts, tiny_gpt2
+from conftest import TickingClock, random_prompts, tiny_gpt2
 
 from experiments import bench, tree_bench
 from specdec.profile import time_tree_forwards
-
-
-class TickingClock:
-    def __init__(self):
-        self.ticks = 0
-
-    def now(self) -> float:
-        self.ticks += 1
-        return float(self.ticks)
 
 
 def test_trees_and_chains_of_a_group_verify_the_same_number_of_nodes_and_emit_the_baseline_tokens():
