@@ -272,7 +272,8 @@ def batch_scaling(pair: Pair, k: int, batch_sizes: list[int], max_new_tokens: in
     rows = []
     for size in batch_sizes:
         stats = spec_stats[size]
-        live = sum(s.target_calls for s in stats) / sum(len(s.rows) * s.target_forwards for s in stats)
+        # a row's target calls count its prefill, which target_forwards (verification passes) leaves out
+        live = sum(s.target_calls - len(s.rows) for s in stats) / sum(len(s.rows) * s.target_forwards for s in stats)
         rows.append({"batch": size, "spec_tok_s": tallies[("spec", size)].tokens_per_s,
                      "baseline_tok_s": tallies[("baseline", size)].tokens_per_s,
                      "spec_overhead": round(tallies[("spec", size)].overhead, 3), "spec_live_rows": round(live, 2)})

@@ -95,12 +95,12 @@ def compare(pair, groups: dict, args, clock: Clock) -> list[dict]:
     rows = []
     for name, (_, nodes) in made.items():
         runs = stats[name][1:]  # the first is the warm-up round
-        calls = sum(s.target_forwards for s in runs)
+        calls = sum(s.target_forwards for s in runs)  # verification passes (the prefill's first token excluded)
         tally = tallies[name]
         rows.append({
             "method": name,
             "nodes per call": nodes,
-            "tau": round(sum(s.emitted for s in runs) / calls, 3),
+            "tau": round(sum(s.emitted for s in runs) / sum(s.target_calls for s in runs), 3),
             "target ms/call": round(1000 * sum(s.target_step_seconds for s in runs) / calls, 2),
             "draft ms/call": round(1000 * sum(s.draft_step_seconds for s in runs) / calls, 2),
             "tokens/s": round(tally.tokens_per_s, 1),

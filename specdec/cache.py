@@ -87,6 +87,12 @@ class KVCache:
         strided slice sends the head through a batched matmul that copies the head's weight per row.)"""
         self.feed(self.body, input_ids, input_mask)
 
+    def prefill_and_predict(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> torch.Tensor:
+        """Feed [B, n] tokens and return the [B, 1, V] logits after the last column only (``logits_to_keep=1``: the
+        head runs on one position), as generate() gets the first new token from its prefill. Left padding keeps
+        the last column a real token in every row. Eager, whatever ``compile`` says: the width varies per prompt."""
+        return self.feed(self.model, input_ids, input_mask, logits_to_keep=1).logits
+
     def forward(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> torch.Tensor:
         """Feed [B, n] tokens (input_mask 0 marks holes) and return their [B, n, V] logits.
 
@@ -115,8 +121,9 @@ class KVCache:
             STATIC_POOL[key] = (self.model, self.past, self.mask)
         self.capacity = self.mask.shape[1]
 
-    def feed(self, module: torch.nn.Module, input_ids: torch.Tensor, input_mask: torch.Tensor):
-        """Run ``module`` (the model or its body) on [B, n] tokens over the cache; returns its output."""
+    def feed(self, module: torch.nn.Module, input_ids: torch.Tensor, input_mask: torch.Tensor, **options):
+        """Run ``module`` (the model or its body) on [B, n] tokens over the cache, with the model's ``options``;
+        returns its output."""
         n = input_ids.shape[1]
         if self.static and self.num_slots + n > self.capacity:
             if self.num_slots:
@@ -139,6 +146,7 @@ class KVCache:
             past_key_values=self.past,
             use_cache=True,
             **where,
+            **options,
         )
 
     def forward_tree(

@@ -220,7 +220,7 @@ class DecodeRun:
             active=torch.ones(batch_size, dtype=torch.bool, device=device),
             allowance=room.clamp(max=max_new_tokens),
             room=room,
-            pending=input_ids[:, -1],
+            pending=input_ids[:, -1],  # replaced by the first step, whose logits come from the prefill
             no_drafts=zeros.unsqueeze(1)[:, :0],
             none_accepted=zeros,
         )
@@ -244,21 +244,18 @@ class DecodeRun:
         self.target_cache = KVCache(
             decoder.target, batch_size, device, "target", decoder.cache_layout, capacity, decoder.compile
         )
-        if self.input_ids.shape[1] > 1:
-            self.target_cache.prefill(self.input_ids[:, :-1], self.attention_mask[:, :-1])
+        first_logits = self.target_cache.prefill_and_predict(self.input_ids, self.attention_mask)  # [B, 1, V]
         after_target_prefill = self.phase_clock()
         self.draft_seconds = after_draft_prefill - (start if self.decoder.time_phases else 0.0)
         self.target_seconds = after_target_prefill - after_draft_prefill
-        remaining_max, room_min = torch.stack(self.bounds()).tolist()
-        ttft = None
-        while remaining_max > 0:
-            k = min(decoder.draft_length.next_k(), remaining_max - 1, room_min) if decoder.speculates else 0
+        # The first token comes from the prefill's logits, as in generate(): a step with nothing drafted and no
+        # forward of its own. The drafters then feed the prompt's last token and it together.
+        sync = self.step(0, prefill_logits=first_logits)
+        ttft = self.clock.now() - start
+        while sync.remaining_max > 0:
+            k = min(decoder.draft_length.next_k(), sync.remaining_max - 1, sync.room_min) if decoder.speculates else 0
             sync = self.step(max(k, 0))
-            remaining_max, room_min = sync.remaining_max, sync.room_min
-            if ttft is None:
-                ttft = self.clock.now() - start
-        wall = self.clock.now() - start
-        return self.finish(wall, ttft if ttft is not None else wall)
+        return self.finish(self.clock.now() - start, ttft)
 
     def bounds(self) -> list[torch.Tensor]:
         """[largest remaining budget, smallest context room] over active rows: the next k's limits, on device."""
@@ -266,13 +263,15 @@ class DecodeRun:
         room = torch.where(rows.active, rows.room - rows.emitted, self.limit)  # [B']
         return [rows.budgets().max(), room.min()]
 
-    def step(self, k: int) -> HostSync:
-        """One step in nine phases; each but the bookkeeping of times is one method."""
+    def step(self, k: int, prefill_logits: torch.Tensor | None = None) -> HostSync:
+        """One step in nine phases; each but the bookkeeping of times is one method. The first step (k = 0) takes
+        the prefill's [B, 1, V] logits instead of a forward."""
         t0 = self.phase_clock()
         proposal = self.propose(k)  # 1. the drafter proposes up to k tokens (a tree: up to k levels)
         k = depth_of(proposal)  # fewer than asked when the policy stopped the draft early
         t1 = self.phase_clock()
-        target_logits = self.verify(proposal)  # 2. one target forward over the pending token and the drafts
+        # 2. one target forward over the pending token and the drafts
+        target_logits = self.verify(proposal) if prefill_logits is None else prefill_logits
         t2 = self.phase_clock()
         verdict, overlap, target_usable = self.judge(proposal, target_logits)  # 3. the strategy decides
         active_during_step = self.rows.active
@@ -300,7 +299,7 @@ class DecodeRun:
         t4 = self.phase_clock()
         self.decoder.draft_length.observe(outcome)  # ... and the policy learns
         self.retire_finished(sync.num_active)  # 9. finished rows leave the batch
-        self.record_times(draft=(t1 - t0) + (t4 - t3), target=t2 - t1)
+        self.record_times(draft=(t1 - t0) + (t4 - t3), target=t2 - t1, verified=prefill_logits is None)
         return sync
 
     def propose(self, k: int) -> Proposal:
@@ -451,12 +450,15 @@ class DecodeRun:
         self.target_cache.select_rows(keep)
         self.decoder.drafter.select_rows(keep)
 
-    def record_times(self, draft: float, target: float) -> None:
+    def record_times(self, draft: float, target: float, verified: bool) -> None:
+        """Add a step's times; the step times and forward count (the cost ratio's) only for a step that ran a
+        target forward of its own."""
         self.draft_seconds += draft
         self.target_seconds += target
-        self.draft_step_seconds += draft
-        self.target_step_seconds += target
-        self.target_forwards += 1
+        if verified:
+            self.draft_step_seconds += draft
+            self.target_step_seconds += target
+            self.target_forwards += 1
 
     def finish(self, wall: float, ttft: float) -> GenerationOutput:
         self.final_emitted.index_copy_(0, self.rows.original, self.rows.emitted)

@@ -1,7 +1,8 @@
 """Decoding statistics, per call and per row, by these definitions (which the rows of an experiment carry per
 prompt, docs/results-schema.md):
 
-    drafted D, accepted A, target calls N (verification passes), emitted E
+    drafted D, accepted A, target calls N (the prefill, whose logits give the first token, and the
+    verification passes), emitted E
     acceptance rate       A / D                         (NaN when nothing was drafted)
     mean accepted length  E / N                         (tau; plain decoding has tau = 1)
     per-position a_i      P(draft i accepted | drafts 1..i-1 accepted)

@@ -310,17 +310,18 @@ def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 
 def emitted_joint_counts(model, drafter, policy, strategy, length: int = 3) -> tuple[torch.Tensor, specdec.DecodeStats]:
+    """Counts of the ``length`` tokens after the first (which the prefill's logits give, nothing drafted)."""
     ids = torch.tensor([PROMPT]).expand(SAMPLES, -1).contiguous()
     decoder = Decoder(model, drafter, strategy, policy, SamplingConfig(temperature=1.0))
-    out = decoder.generate(ids, max_new_tokens=length, seed=0)
-    tokens = torch.tensor(out.tokens)  # [N, length]
+    out = decoder.generate(ids, max_new_tokens=length + 1, seed=0)
+    tokens = torch.tensor(out.tokens)[:, 1:]  # [N, length]
     cell = (tokens * SMALL_VOCAB ** torch.arange(length - 1, -1, -1)).sum(-1)  # lexicographic index
     return torch.bincount(cell, minlength=SMALL_VOCAB**length).double(), out.stats
 
 
 def test_speculative_sampling_with_ngram_drafts_emits_the_target_distribution():
     model = small_target(1)
-    exact = exact_joint(model, PROMPT, 3)  # first three emitted tokens, 512 cells
+    exact = exact_joint(model, PROMPT, 4).view(SMALL_VOCAB, -1).sum(0)  # tokens 2-4, the first summed out: 512 cells
     counts, stats = emitted_joint_counts(model, NGramDrafter(), FixedLength(2), Speculative())
     # The drafts are neither always accepted nor always rejected, at both positions, or the test would be weak.
     assert all(0.05 < a < 0.95 for a in stats.per_position), stats.per_position
@@ -330,6 +331,6 @@ def test_speculative_sampling_with_ngram_drafts_emits_the_target_distribution():
 @pytest.mark.parametrize("wrong_rule", [AlwaysAccept(), ResampleTarget()], ids=lambda rule: rule.name)
 def test_a_wrong_acceptance_rule_fails_the_same_test(wrong_rule):
     model = small_target(1)
-    exact = exact_joint(model, PROMPT, 3)
+    exact = exact_joint(model, PROMPT, 4).view(SMALL_VOCAB, -1).sum(0)
     counts, _ = emitted_joint_counts(model, NGramDrafter(), FixedLength(2), wrong_rule)
     assert chi_square_p_value(counts, exact) < ALPHA

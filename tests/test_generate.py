@@ -21,7 +21,9 @@ def test_stats_identities(target, draft):
     assert s.acceptance_rate == s.accepted / s.drafted
     for row, tokens in zip(s.rows, out.tokens):
         assert row.emitted == len(tokens) and row.accepted <= row.drafted
-        assert row.position_attempts[0] == row.target_calls - (row.drafted < 4 * row.target_calls)
+        # The first call is the prefill, which drafts nothing; so may the last be (one token of budget left).
+        verifications = row.target_calls - 1
+        assert row.position_attempts[0] == verifications - (row.drafted < 4 * verifications)
     first = s.per_position[0]
     assert first == sum(r.position_accepts[0] for r in s.rows) / sum(r.position_attempts[0] for r in s.rows)
     assert 0 <= s.expected_acceptance <= 1
@@ -193,8 +195,39 @@ def test_strategies_not_greedy_on_point_masses_are_called_at_temperature_zero(ta
 def test_expected_acceptance_is_the_acceptance_rate_for_single_greedy_drafts(target, draft, drafter):
     """With k = 1 at temperature 0 every draft is verified and sum_x min(q, p) is 1 exactly when it is accepted,
     for model drafts and point-mass (n-gram) drafts alike."""
-    ids, mask = left_pad(random_prompts([6, 9], seed=5))
+    ids, mask = left_pad(random_prompts([6, 9], seed=8))
     drafter = draft if drafter == "model" else specdec.NGramDrafter(max_ngram=2, min_ngram=1)
     s = specdec.generate(target, ids, draft=drafter, attention_mask=mask, k=1, max_new_tokens=30).stats
     assert 0 < s.accepted < s.drafted
     assert s.expected_acceptance == s.acceptance_rate
+
+
+def count_forwards(*models):
+    """Calls of each model and of its body (the body runs inside every model call, and alone in a draft's
+    prefill), counted by forward pre-hooks: {name: [model calls, body calls]}."""
+    counts = {name: [0, 0] for name in range(len(models))}
+    handles = []
+    for i, model in enumerate(models):
+        for part, module in enumerate((model, model.base_model)):
+            def count(*_, i=i, part=part):
+                counts[i][part] += 1
+            handles.append(module.register_forward_pre_hook(count))
+    return counts, handles
+
+
+def test_the_first_token_comes_from_the_prefill(target, draft):
+    """As in transformers' generate(): n new tokens cost the baseline n target forwards, the prefill's logits giving
+    the first; a call whose first token ends it runs no draft forward beyond the draft's prefill."""
+    ids = torch.tensor(random_prompts([7], seed=2))
+    counts, handles = count_forwards(target)
+    out = specdec.generate(target, ids, max_new_tokens=5)
+    for handle in handles:
+        handle.remove()
+    assert len(out.tokens[0]) == 5 and counts == {0: [5, 5]}
+    first = out.tokens[0][0]
+    counts, handles = count_forwards(target, draft)
+    stopped = specdec.generate(target, ids, draft=draft, k=4, max_new_tokens=20, eos_token_id=first)
+    for handle in handles:
+        handle.remove()
+    assert stopped.tokens == [[first]] and stopped.stats.target_calls == 1 and stopped.stats.drafted == 0
+    assert counts == {0: [1, 1], 1: [0, 1]}  # the target's prefill with its head; the draft's, body only
