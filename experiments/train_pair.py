@@ -1,8 +1,9 @@
 """Build the embedded draft/target pair: corpus, tokenizer, target, distilled draft, prompts, measurements.
 
-One command rebuilds everything from registry packages (CPU, under an hour on 2 cores); the shipped pair was
+One command rebuilds everything from registry packages (CPU, about two hours on 2 cores); the shipped pair was
 built with wall-time budgets, so a busy machine takes fewer steps instead of overrunning:
-    python -m experiments.train_pair --target-minutes 32 --draft-minutes 12
+    python -m experiments.train_pair --target-minutes 80 --draft-minutes 15 --greedy-minutes 12
+The draft is distilled twice: on the training text, then on the target's own greedy continuations.
 Writes specdec/embedded/{tokenizer,target,draft}/, specdec/prompts/embedded_heldout.jsonl and
 specdec/embedded/metrics.json (the numbers quoted in MODEL_CARD.md).
 """
@@ -19,6 +20,7 @@ import tempfile
 import time
 import zipfile
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 # On a shared CPU, OpenMP threads that spin while waiting for a descheduled sibling waste most of the time.
@@ -61,6 +63,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--draft-minutes", type=float, default=None, help="like --target-minutes, for the draft")
     p.add_argument("--draft-lr", type=float, default=3e-3)
     p.add_argument("--kl-weight", type=float, default=0.8, help="distillation loss = w * KL(target||draft) + (1-w) * CE")
+    p.add_argument("--greedy-prompts", type=int, default=4096,
+                   help="training-document openings the target continues greedily for the draft's second stage")
+    p.add_argument("--greedy-new-tokens", type=int, default=96, help="length of each greedy continuation")
+    p.add_argument("--greedy-steps", type=int, default=300, help="steps of the draft's on-policy stage (0: none)")
+    p.add_argument("--greedy-minutes", type=float, default=None, help="like --target-minutes, for that stage")
+    p.add_argument("--greedy-lr", type=float, default=1e-3)
     p.add_argument("--num-prompts", type=int, default=200)
     p.add_argument("--accept-prompts", type=int, default=50)
     p.add_argument("--accept-new-tokens", type=int, default=64)
@@ -235,6 +243,25 @@ def sample_batch(stream: torch.Tensor, batch_size: int, seq_len: int, gen: torch
     return torch.stack([stream[s:s + seq_len + 1] for s in starts.tolist()])  # [B, T+1]
 
 
+Batches = Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+
+
+def text_batches(stream: torch.Tensor, args: argparse.Namespace) -> Batches:
+    """Random windows of the training stream; every position is trained."""
+    def draw(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = sample_batch(stream, args.batch_size, args.seq_len, gen)  # [B, T+1]
+        return batch, torch.ones_like(batch[:, 1:], dtype=torch.bool)  # [B, T+1], [B, T]
+    return draw
+
+
+def sequence_batches(sequences: torch.Tensor, trained: torch.Tensor, batch_size: int) -> Batches:
+    """Random rows of a fixed set of sequences [N, T+1]; ``trained`` [N, T] marks the positions that are trained."""
+    def draw(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.randint(0, len(sequences), (batch_size,), generator=gen)  # [B]
+        return sequences[rows], trained[rows]
+    return draw
+
+
 def cosine_lr(progress: float, peak: float, warmup: float = 0.05, floor: float = 0.1) -> float:
     """Linear warm-up over the first `warmup` of training, then cosine decay to floor * peak; progress in [0, 1]."""
     if progress < warmup:
@@ -243,9 +270,11 @@ def cosine_lr(progress: float, peak: float, warmup: float = 0.05, floor: float =
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(decay, 1.0))))
 
 
-def train(model: GPT2LMHeadModel, stream: torch.Tensor, args: argparse.Namespace, steps: int, minutes: float | None,
+def train(model: GPT2LMHeadModel, batches: Batches, args: argparse.Namespace, steps: int, minutes: float | None,
           lr: float, name: str, teacher: GPT2LMHeadModel | None = None) -> dict:
     """AdamW + cosine schedule under bf16 autocast; with a teacher, distil from its logits (KL) plus CE.
+
+    ``batches(generator)`` gives token rows [B, T+1] and the label positions [B, T] that count in the loss.
 
     With `minutes`, training runs for that wall time and the schedule follows elapsed time, so a busy shared
     machine gets fewer steps rather than an unfinished schedule; the steps taken are reported.
@@ -292,17 +321,16 @@ def train(model: GPT2LMHeadModel, stream: torch.Tensor, args: argparse.Namespace
             break
         for group in opt.param_groups:
             group["lr"] = cosine_lr(progress, lr)
-        batch = sample_batch(stream, args.batch_size, args.seq_len, gen)
+        batch, trained = batches(gen)  # [B, T+1], [B, T]
         inputs, labels = batch[:, :-1], batch[:, 1:]  # [B, T]
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(inputs).logits.float()  # [B, T, V]
-            ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+            logits = model(inputs).logits.float()[trained]  # [n, V] at the n trained positions
+            ce = F.cross_entropy(logits, labels[trained])
             loss = ce
             if teacher is not None:
                 with torch.no_grad():
-                    teacher_logp = F.log_softmax(teacher(inputs).logits.float(), dim=-1)  # [B, T, V]
-                kl = F.kl_div(F.log_softmax(logits, dim=-1).flatten(0, 1), teacher_logp.flatten(0, 1),
-                              log_target=True, reduction="batchmean")
+                    teacher_logp = F.log_softmax(teacher(inputs).logits.float()[trained], dim=-1)  # [n, V]
+                kl = F.kl_div(F.log_softmax(logits, dim=-1), teacher_logp, log_target=True, reduction="batchmean")
                 loss = args.kl_weight * kl + (1 - args.kl_weight) * ce
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -373,6 +401,40 @@ def greedy_continuations(target: GPT2LMHeadModel, prompt_ids: list[list[int]], n
                               do_sample=False, pad_token_id=target.config.eos_token_id)  # [1, P+N]
         continuations.append(seq[0, len(ids):].tolist())
     return continuations
+
+
+@torch.no_grad()
+def greedy_training_set(target: GPT2LMHeadModel, tok: GPT2TokenizerFast, docs: list[str], n: int, new_tokens: int,
+                        seed: int, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the draft must predict in greedy speculative decoding: the target's own greedy continuations.
+
+    Openings of n training documents, cut to 20-60 tokens like the held-out prompts, each continued by the target
+    for ``new_tokens`` greedy tokens (prompts of one length share a batch, so nothing is padded in generation).
+    Returns rows [n, 60 + new_tokens] right-padded with EOS, and [n, 59 + new_tokens] marking the label positions
+    inside the continuations, the only positions trained on.
+    """
+    rng = random.Random(seed)
+    openings = [ids[:rng.randint(20, 60)] for ids in tok(docs)["input_ids"] if len(ids) >= 60]
+    if len(openings) < n:
+        raise ValueError(f"only {len(openings)} training documents have 60 tokens, --greedy-prompts {n} wanted")
+    by_length: dict[int, list[list[int]]] = {}
+    for ids in openings[:n]:
+        by_length.setdefault(len(ids), []).append(ids)
+    width = 60 + new_tokens
+    rows = torch.full((n, width), tok.eos_token_id, dtype=torch.long)  # [n, 60+N]
+    trained = torch.zeros(n, width - 1, dtype=torch.bool)  # [n, 59+N]
+    row, started = 0, time.time()
+    for length, group in sorted(by_length.items()):
+        for first in range(0, len(group), batch_size):
+            prompts = torch.tensor(group[first:first + batch_size])  # [b, L]
+            seq = target.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                                  min_new_tokens=new_tokens, do_sample=False,
+                                  pad_token_id=target.config.eos_token_id)  # [b, L+N]
+            rows[row:row + len(seq), :seq.shape[1]] = seq
+            trained[row:row + len(seq), length - 1:length - 1 + new_tokens] = True
+            row += len(seq)
+        print(f"[greedy set] {row}/{n} continuations, {time.time() - started:.0f}s", flush=True)
+    return rows, trained
 
 
 def distinct_bigram_fraction(continuations: list[list[int]]) -> float:
@@ -457,16 +519,23 @@ def main() -> None:
     args.prompts_out.write_text("".join(json.dumps(p) + "\n" for p in prompts))
 
     target = make_model(tok, n_layer=8, n_embd=384, n_head=6, dropout=args.target_dropout)
-    target_run = train(target, train_stream, args, args.target_steps, args.target_minutes, args.target_lr,
-                       "target")
+    target_run = train(target, text_batches(train_stream, args), args, args.target_steps, args.target_minutes,
+                       args.target_lr, "target")
     save_fp16(target, args.out_dir / "target")
     draft = make_model(tok, n_layer=args.draft_layers, n_embd=args.draft_width, n_head=args.draft_width // 64,
                        dropout=0.0)
-    draft_run = train(draft, train_stream, args, args.draft_steps, args.draft_minutes, args.draft_lr, "draft",
-                      teacher=target)
+    draft_run = train(draft, text_batches(train_stream, args), args, args.draft_steps, args.draft_minutes,
+                      args.draft_lr, "draft", teacher=target)
+    greedy_run = {"steps": 0, "tokens": 0, "seconds": 0}
+    if args.greedy_steps or args.greedy_minutes:
+        rows, trained = greedy_training_set(target, tok, train_docs, args.greedy_prompts, args.greedy_new_tokens,
+                                            args.seed)
+        greedy_run = train(draft, sequence_batches(rows, trained, args.batch_size), args, args.greedy_steps,
+                           args.greedy_minutes, args.greedy_lr, "draft_greedy", teacher=target)
+        greedy_run["tokens"] = greedy_run["steps"] * args.batch_size * args.greedy_new_tokens
     save_fp16(draft, args.out_dir / "draft")
 
-    metrics = measure(args, tok, prompts, target, draft, target_run, draft_run, heldout_stream)
+    metrics = measure(args, tok, prompts, target, draft, target_run, draft_run, greedy_run, heldout_stream)
     metrics["corpus"] = {"wiki_docs": len(wiki), "austen_chapters": len(austen), "train_docs": len(train_docs),
                          "heldout_docs": len(heldout_docs), "train_tokens": len(train_stream),
                          "heldout_tokens": len(heldout_stream)}
@@ -477,7 +546,8 @@ def main() -> None:
     print(table)
 
 
-def measure(args, tok, prompts, target, draft, target_run: dict, draft_run: dict, heldout_stream) -> dict:
+def measure(args, tok, prompts, target, draft, target_run: dict, draft_run: dict, greedy_run: dict,
+            heldout_stream) -> dict:
     """Everything the model card reports: perplexities, loops, acceptance, cost, training time."""
     target.eval()
     draft.eval()
@@ -489,7 +559,7 @@ def measure(args, tok, prompts, target, draft, target_run: dict, draft_run: dict
         "target": {"params": n_params(target), "train": target_run,
                    "heldout_ppl": round(perplexity(target, heldout_stream, args.seq_len), 2),
                    "decode_step_ms": round(target_ms, 3)},
-        "draft": {"params": n_params(draft), "train": draft_run,
+        "draft": {"params": n_params(draft), "train": draft_run, "greedy_train": greedy_run,
                   "heldout_ppl": round(perplexity(draft, heldout_stream, args.seq_len), 2),
                   "decode_step_ms": round(draft_ms, 3)},
         "cost_ratio": round(draft_ms / target_ms, 3),
@@ -524,7 +594,8 @@ def metrics_table(metrics: dict) -> str:
         ("cost ratio c (draft / target decode step, batch 1, fp32)",
          f"{metrics['cost_ratio']:.3f} ({d['decode_step_ms']:.2f} / {t['decode_step_ms']:.2f} ms)"),
         ("training time, target", minutes(t["train"])),
-        ("training time, draft (distillation)", minutes(d["train"])),
+        ("training time, draft (distillation on text)", minutes(d["train"])),
+        ("training time, draft (distillation on the target's greedy continuations)", minutes(d["greedy_train"])),
     ]
     return "\n".join(["| measure | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)])
 

@@ -21,20 +21,17 @@ def trained(tmp_path, interrupt_at: int | None = None) -> tuple[torch.nn.Module,
     """Six steps on a fixed random stream; with ``interrupt_at``, the batch of that step raises first."""
     model = tiny_gpt2(seed=3).float().requires_grad_(True)
     stream = torch.randint(0, 97, (400,), generator=torch.Generator().manual_seed(0))
-    batches = {"drawn": 0}
-    sample_batch = train_pair.sample_batch
+    args = training_args(tmp_path)
+    text_batches = train_pair.text_batches(stream, args)
+    drawn = {"batches": 0}
 
-    def interrupted(*args):
-        if batches["drawn"] == interrupt_at:
+    def interrupted(gen):
+        if drawn["batches"] == interrupt_at:
             raise KeyboardInterrupt
-        batches["drawn"] += 1
-        return sample_batch(*args)
+        drawn["batches"] += 1
+        return text_batches(gen)
 
-    train_pair.sample_batch = interrupted
-    try:
-        run = train_pair.train(model, stream, training_args(tmp_path), steps=6, minutes=None, lr=1e-2, name="m")
-    finally:
-        train_pair.sample_batch = sample_batch
+    run = train_pair.train(model, interrupted, args, steps=6, minutes=None, lr=1e-2, name="m")
     return model, run
 
 
@@ -51,6 +48,62 @@ def test_an_interrupted_run_continues_to_the_same_weights(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), continued.state_dict().values()))
 
 
+class DigitTokenizer:
+    """Documents are space-separated token ids."""
+    eos_token_id = 0
+
+    def __call__(self, docs):
+        return {"input_ids": [[int(t) for t in doc.split()] for doc in docs]}
+
+
+def test_the_greedy_training_set_is_the_targets_own_continuation_of_document_openings():
+    target = tiny_gpt2(seed=5)
+    gen = torch.Generator().manual_seed(1)
+    docs = [" ".join(map(str, torch.randint(1, 97, (n,), generator=gen).tolist())) for n in (70, 10, 65, 80, 61, 90)]
+    rows, trained = train_pair.greedy_training_set(target, DigitTokenizer(), docs, n=4, new_tokens=5, seed=0,
+                                                   batch_size=2)
+    assert rows.shape == (4, 65) and trained.shape == (4, 64)
+    openings = [doc for doc in DigitTokenizer()(docs)["input_ids"] if len(doc) >= 60]  # the 10-token one is skipped
+    seen = set()
+    for row, mask in zip(rows, trained):
+        length = int(mask.nonzero()[0]) + 1  # the first trained label is the first continuation token
+        assert mask.sum() == 5 and mask[length - 1:length + 4].all() and 20 <= length <= 60
+        prompt = row[:length].tolist()
+        source = next(i for i, doc in enumerate(openings) if doc[:length] == prompt)
+        seen.add(source)
+        expected = list(prompt)
+        for _ in range(5):  # greedy decoding by full forwards, no cache: the reference
+            expected.append(int(target(torch.tensor([expected])).logits[0, -1].argmax()))
+        assert row[:length + 5].tolist() == expected
+        assert (row[length + 5:] == 0).all()  # right padding is EOS, never trained
+    assert seen == {0, 1, 2, 3}  # the first four openings, each once
+    with pytest.raises(ValueError, match="only 5 training documents have 60 tokens, --greedy-prompts 6 wanted"):
+        train_pair.greedy_training_set(target, DigitTokenizer(), docs, n=6, new_tokens=5, seed=0)
+
+
+def test_only_the_marked_positions_are_trained(tmp_path):
+    """Trained at label position 3 only, two sequences that differ from token 5 on train to the same weights
+    (a causal model's output at 3 and the label rows[4] do not see them); trained everywhere, they do not."""
+    rows = torch.randint(1, 97, (1, 9), generator=torch.Generator().manual_seed(2))  # [1, T+1]
+    changed = rows.clone()
+    changed[0, 5:] = 7
+    only_position_3 = torch.zeros(1, 8, dtype=torch.bool)
+    only_position_3[0, 3] = True
+
+    def weights_after_training(sequences, trained, run):
+        model = tiny_gpt2(seed=3).float().requires_grad_(True)
+        train_pair.train(model, train_pair.sequence_batches(sequences, trained, 1), training_args(tmp_path / run),
+                         steps=2, minutes=None, lr=1e-2, name="m")
+        return model.lm_head.weight.detach()
+
+    untouched = tiny_gpt2(seed=3).float().lm_head.weight
+    masked = weights_after_training(rows, only_position_3, "a")
+    assert not torch.equal(masked, untouched)
+    assert torch.equal(masked, weights_after_training(changed, only_position_3, "b"))
+    everywhere = torch.ones(1, 8, dtype=torch.bool)
+    assert not torch.equal(weights_after_training(rows, everywhere, "c"), weights_after_training(changed, everywhere, "d"))
+
+
 def test_distinct_bigram_fraction():
     assert train_pair.distinct_bigram_fraction([[1, 2, 3, 4, 5]]) == 1.0
     assert train_pair.distinct_bigram_fraction([[7, 8, 7, 8, 7, 8, 7]]) == pytest.approx(2 / 6)
@@ -63,7 +116,7 @@ def test_the_model_card_table_is_replaced_between_its_markers(tmp_path):
     run = {"seconds": 600, "steps": 100, "tokens": 409600}
     metrics = {
         "target": {"heldout_ppl": 60.0, "decode_step_ms": 15.0, "train": run},
-        "draft": {"heldout_ppl": 120.0, "decode_step_ms": 2.5, "train": run},
+        "draft": {"heldout_ppl": 120.0, "decode_step_ms": 2.5, "train": run, "greedy_train": run},
         "cost_ratio": 0.167,
         "distinct_bigrams": {"prompts": 50, "new_tokens": 64, "fraction": 0.41},
         "greedy_acceptance": {"k": 4, "rate": 0.55},
