@@ -6,6 +6,11 @@ the mask, so the model sees exactly the committed tokens of each row. Slots reje
 off the tail, so batch size 1 never keeps a hole. Left padding of ragged prompts is the same kind of hole. When
 holes outnumber the committed slots of the fullest row, ``compact`` gathers every row's committed slots together.
 
+A batch of one row without padding never holds a hole (every rejected slot is cropped, and trees are the only other
+source), so such a cache is ``dense``: its forwards pass no attention mask and no positions, and the model takes
+the plain causal path (transformers' padding-mask handling costs ~8% of a small model's decode step on CPU). The
+mask is still kept, for rollback; a tree, or padding in the prompt, turns ``dense`` off for good.
+
 Two layouts, same behaviour: ``dynamic`` (a ``DynamicCache`` that grows by concatenation) and ``static`` (a
 preallocated ``StaticCache`` written in place, whose tensors keep their addresses, for CUDA graphs / compile;
 rollback moves its write pointer back). Static tensors are pooled per (model, role, batch size) and reused by
@@ -78,20 +83,27 @@ class KVCache:
             self.past = DynamicCache(config=model.config)
             self.mask = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # [B, S] 1 = committed slot
         self.num_slots = 0  # slots written so far; the static mask is zero past them
+        self.dense = batch_size == 1 and not self.static  # no hole in any slot (see the module docstring)
         self.next_hole_check = 64  # dynamic layout: slot count at which to look for piled-up holes again
         self.body = getattr(model, "base_model", model)  # transformers' models: the layers without the LM head
 
     def prefill(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> None:
         """Feed [B, n] tokens whose logits nobody needs: the model's body (``base_model``) fills the cache and the
-        [B, n, V] head projection is skipped. (``logits_to_keep=1`` would keep one position, but for B > 1 its
-        strided slice sends the head through a batched matmul that copies the head's weight per row.)"""
+        [B, n, V] head projection is skipped."""
+        self.note_padding(input_mask)
         self.feed(self.body, input_ids, input_mask)
 
     def prefill_and_predict(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> torch.Tensor:
         """Feed [B, n] tokens and return the [B, 1, V] logits after the last column only (``logits_to_keep=1``: the
         head runs on one position), as generate() gets the first new token from its prefill. Left padding keeps
         the last column a real token in every row. Eager, whatever ``compile`` says: the width varies per prompt."""
+        self.note_padding(input_mask)
         return self.feed(self.model, input_ids, input_mask, logits_to_keep=1).logits
+
+    def note_padding(self, input_mask: torch.Tensor) -> None:
+        """A prompt with padding makes holes: the cache is no longer ``dense`` (one host read, once per prompt)."""
+        if self.dense and not bool(input_mask.all()):
+            self.dense = False
 
     def forward(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> torch.Tensor:
         """Feed [B, n] tokens (input_mask 0 marks holes) and return their [B, n, V] logits.
@@ -130,6 +142,10 @@ class KVCache:
                 self.compact()
             if self.num_slots + n > self.capacity:
                 self.grow(2 * (self.num_slots + n))
+        if self.dense:  # no holes: the model counts positions from the cache's length, as without a mask
+            self.mask = torch.cat([self.mask, input_mask.long()], dim=1)
+            self.num_slots += n
+            return module(input_ids=input_ids, past_key_values=self.past, use_cache=True, **options)
         positions = self.mask.sum(-1, keepdim=True) + input_mask.cumsum(-1) - 1  # [B, n]
         if self.static:  # told where to write; a dynamic cache appends
             slots = torch.arange(self.num_slots, self.num_slots + n, device=input_ids.device)  # [n]
@@ -159,6 +175,7 @@ class KVCache:
         Dynamic layout: a 4D mask [B, 1, n, S + n] goes straight to attention."""
         if self.static:
             raise ValueError(f"the {self.label} cache verifies trees on the dynamic layout only")
+        self.dense = False  # the tree's other nodes become holes
         n, tree_slots = input_ids.shape[1], attend.shape[1]
         committed = self.mask[:, : self.num_slots - (tree_slots - n)].bool()  # [B, S0]
         positions = committed.sum(-1, keepdim=True) + offsets  # [B, n]

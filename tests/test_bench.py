@@ -39,11 +39,11 @@ def test_time_forwards_times_each_width_over_the_same_cache(layout):
     prompt = torch.tensor([[3, 4, 5, 6, 7]])
     seen = []
     hook = model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(
-        (kwargs["input_ids"].shape[1], int(kwargs["attention_mask"].sum()))), with_kwargs=True)
+        (kwargs["input_ids"].shape[1], kwargs["past_key_values"].get_seq_length())), with_kwargs=True)
     times = time_forwards(model, prompt, [1, 3], repeats=2, warmup=1, cache_layout=layout, clock=TickingClock())
     hook.remove()
     assert times == {1: 1.0, 3: 1.0}
-    assert seen == [(1, 6)] * 3 + [(3, 8)] * 3  # the prompt (5 slots, filled by the body alone) plus the n fed
+    assert seen == [(1, 5)] * 3 + [(3, 5)] * 3  # over the prompt alone (5 slots, filled by the body alone)
 
 
 def test_time_forwards_refuses_widths_the_prompt_cannot_supply():

@@ -170,3 +170,29 @@ def test_compiled_path_gives_the_eager_greedy_tokens(target, draft, k):
                 for compile in (False, True)
             ]
             assert outputs[0] == outputs[1]
+
+
+def test_a_dense_cache_passes_no_mask_and_its_logits_equal_the_masked_path(target):
+    """One unpadded row: forwards go without mask or positions, through prefill, decode, verify and rollback,
+    and give the logits the masked path gives. Padding in the prompt, or a batch of two, keep the mask."""
+    prompt = torch.tensor([random_prompts([6], seed=4)[0]])
+    masks = []
+    hook = target.register_forward_pre_hook(lambda module, args, kwargs: masks.append(kwargs.get("attention_mask")),
+                                            with_kwargs=True)
+    dense, masked = KVCache(target, 1, prompt.device, "target"), KVCache(target, 1, prompt.device, "target")
+    masked.dense = False
+    logits = []
+    for cache in (dense, masked):
+        first = cache.prefill_and_predict(prompt, torch.ones_like(prompt))  # [1, 1, V]
+        drafts = torch.tensor([[5, 6, 7]])
+        verify = cache.forward(drafts, torch.ones_like(drafts))  # [1, 3, V]
+        cache.keep(torch.tensor([1]), 3, max_kept=1, min_kept=1)  # keep one draft, crop two
+        after = cache.forward(drafts[:, :1], torch.ones_like(drafts[:, :1]))
+        logits.append(torch.cat([first, verify, after], 1))
+    assert all(mask is None for mask in masks[:3]) and all(mask is not None for mask in masks[3:])
+    assert dense.dense and dense.num_slots == masked.num_slots == 8
+    assert torch.allclose(logits[0], logits[1], atol=1e-12, rtol=0)
+    hook.remove()
+    padded = KVCache(target, 1, prompt.device, "target")
+    padded.prefill(prompt, torch.tensor([[0, 1, 1, 1, 1, 1]]))
+    assert not padded.dense and not KVCache(target, 2, prompt.device, "target").dense
