@@ -90,8 +90,8 @@ def curves_from_markdown(text: str) -> list[dict]:
 
 
 def plot_curves(rows: list[dict], out: Path) -> list[Path]:
-    """speedup_<mode>.png: measured speedup vs k, one colour per acceptance, the prediction from measured costs
-    dashed beside it."""
+    """speedup_<mode>.png: measured decode speedup vs k, one colour per acceptance, the prediction from measured
+    costs dashed beside it. (Tables written before the decode column existed plot their end-to-end speedup.)"""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,11 +105,13 @@ def plot_curves(rows: list[dict], out: Path) -> list[Path]:
             curve = sorted((row for row in mode_rows if row["acceptance"] == alpha), key=lambda row: row["k"])
             ks = [row["k"] for row in curve]
             colour = f"C{index}"
-            axes.plot(ks, [row["speedup"] for row in curve], "o-", color=colour, label=f"a = {alpha:g} measured")
+            measured = [row.get("decode_speedup", row["speedup"]) for row in curve]
+            axes.plot(ks, measured, "o-", color=colour, label=f"a = {alpha:g} measured")
             axes.plot(ks, [row["predicted_measured_costs"] for row in curve], "--", color=colour, alpha=0.7,
                       label=f"a = {alpha:g} predicted from measured costs")
         axes.axhline(1.0, color="grey", linewidth=0.8)
-        axes.set(xlabel="draft length k", ylabel="speedup over our baseline", title=f"Speedup at synthetic acceptance, {mode}")
+        axes.set(xlabel="draft length k", ylabel="decode speedup over our baseline",
+                 title=f"Speedup at synthetic acceptance, {mode}")
         axes.legend(fontsize=7, ncol=2)
         figure.tight_layout()
         path = out / f"speedup_{mode}.png"
@@ -180,15 +182,17 @@ def autoregressive_sweep(pair, mode_names, batch_sizes, args, clock, bandwidth) 
     return rows
 
 
-def cost_profile(pair, mode: str, k_max: int, prompt: torch.Tensor, clock: Clock, repeats: int) -> dict:
-    """Seconds per forward over ``prompt`` on a static cache, in the mode given: the draft's of one token and the
-    target's of 1..k_max + 1 tokens."""
+def cost_profile(pair, mode: str, widths, prompt: torch.Tensor, clock: Clock, repeats: int) -> dict:
+    """Seconds per forward over ``prompt`` in the mode given, on the cache layout that mode decodes with (eager:
+    dynamic, compiled: static): the draft's of one token and the target's of each of ``widths`` tokens."""
+    layout = "static" if MODES[mode] else "dynamic"
+
     def seconds(model, widths, label):
-        return time_forwards(model, prompt, widths, repeats, cache_layout="static", compile=MODES[mode], clock=clock,
+        return time_forwards(model, prompt, widths, repeats, cache_layout=layout, compile=MODES[mode], clock=clock,
                              label=label)
 
     draft = seconds(pair.draft, [1], "draft")
-    target = seconds(pair.target, range(1, k_max + 2), "target")
+    target = seconds(pair.target, widths, "target")
     return {"draft": draft[1], **{f"target_{n}": value for n, value in target.items()}}
 
 
@@ -197,21 +201,29 @@ def expected_tokens(alpha: float, k: int) -> float:
     return sum(alpha**i for i in range(k + 1))
 
 
-def speculative_curves(pair, mode: str, acceptances, ks, args, clock, profile: dict) -> list[dict]:
+def speculative_curves(pair, mode: str, acceptances, ks, args, clock, profile_prompt: torch.Tensor) -> list[dict]:
     """Speedup over our baseline (same mode) at each synthetic acceptance and k; per k, the baseline and every
-    acceptance are interleaved per prompt, order rotating."""
+    acceptance are interleaved per prompt, order rotating.
+
+    Two measured speedups: end to end (tokens/s, prefill included) and of the decode phase (the time per token after
+    each call's first, which the prefill gives), the one the predictions model. The costs a prediction uses (draft
+    step, target step, verify of k + 1) are measured just before that k's runs, so a machine whose speed drifts
+    over the sweep moves prediction and measurement together.
+    """
     compile = MODES[mode]
     prompts = random_prompts(args.prompts, args.prompt_tokens, pair.target.config.vocab_size).to(pair.target.device)
     baseline = specdec.Decoder(pair.target, None, compile=compile, time_phases=False)
-    step, draft_step = profile["target_1"], profile["draft"]
     rows = []
     for k in ks:
+        profile = cost_profile(pair, mode, sorted({1, k + 1}), profile_prompt, clock, args.repeats)
+        step, draft_step, verify = profile["target_1"], profile["draft"], profile[f"target_{k + 1}"]
         decoders = {"baseline": baseline}
         for alpha in acceptances:
             decoders[alpha] = specdec.Decoder(
                 pair.target, specdec.ModelDrafter(pair.draft, compile=compile), specdec.SyntheticAcceptance(alpha),
                 specdec.FixedLength(k), compile=compile, time_phases=False)
         tokens, seconds = dict.fromkeys(decoders, 0), dict.fromkeys(decoders, 0.0)
+        decode_tokens, decode_seconds = dict.fromkeys(decoders, 0), dict.fromkeys(decoders, 0.0)
         drafted, accepted = dict.fromkeys(decoders, 0), dict.fromkeys(decoders, 0)
         for decoder in decoders.values():
             decoder.generate(prompts[:1], None, args.max_new_tokens, None, 0)  # warm-up (and compile) per shape
@@ -223,14 +235,18 @@ def speculative_curves(pair, mode: str, acceptances, ks, args, clock, profile: d
                                               index)
                 tokens[name] += sum(map(len, out.tokens))
                 seconds[name] += elapsed
+                decode_tokens[name] += out.stats.emitted - len(out.tokens)  # each row's first comes from the prefill
+                decode_seconds[name] += out.stats.wall_seconds - out.stats.ttft_seconds
                 # Per-position acceptance, pooled: accepted drafts over drafts verified (a draft after a rejection
                 # is never verified), the estimator of the alpha the synthetic rule is set to.
                 drafted[name] += sum(sum(row.position_attempts) for row in out.stats.rows)
                 accepted[name] += sum(sum(row.position_accepts) for row in out.stats.rows)
         base_rate = tokens["baseline"] / seconds["baseline"]
+        base_decode_rate = decode_tokens["baseline"] / decode_seconds["baseline"]
         for alpha in acceptances:
             measured_alpha = accepted[alpha] / drafted[alpha]
-            verify = profile[f"target_{k + 1}"]
+            decode_speedup = decode_tokens[alpha] / decode_seconds[alpha] / base_decode_rate
+            predicted = expected_tokens(measured_alpha, k) * step / (k * draft_step + verify)
             rows.append({
                 "mode": mode,
                 "acceptance": alpha,
@@ -239,9 +255,13 @@ def speculative_curves(pair, mode: str, acceptances, ks, args, clock, profile: d
                 "baseline_tok_s": round(base_rate, 1),
                 "spec_tok_s": round(tokens[alpha] / seconds[alpha], 1),
                 "speedup": round(tokens[alpha] / seconds[alpha] / base_rate, 2),
-                "predicted_measured_costs": round(
-                    expected_tokens(measured_alpha, k) * step / (k * draft_step + verify), 2),
+                "decode_speedup": round(decode_speedup, 2),
+                "predicted_measured_costs": round(predicted, 2),
                 "predicted_leviathan": round(specdec.predicted_speedup(measured_alpha, k, draft_step / step), 2),
+                "decode_vs_predicted": round(decode_speedup / predicted, 3),
+                "draft_ms": round(1000 * draft_step, 2),
+                "target_ms": round(1000 * step, 2),
+                "verify_ms": round(1000 * verify, 2),
             })
         print(markdown(rows[-len(acceptances):]), flush=True)
     return rows
@@ -325,11 +345,11 @@ def main(argv=None) -> None:
         prompt = random_prompts(1, args.prompt_tokens, pair.target.config.vocab_size, seed=99).to(device)
         all_curves = []
         for mode in args.modes:
-            profile = cost_profile(pair, mode, max(args.ks), prompt, clock, args.repeats)
+            profile = cost_profile(pair, mode, range(1, max(args.ks) + 2), prompt, clock, args.repeats)
             sections.append(f"## Cost profile, {mode} (ms per forward, batch 1)\n\n"
                             + markdown([{key: round(1000 * value, 3) for key, value in profile.items()}]))
             print(sections[-1], flush=True)
-            curves = speculative_curves(pair, mode, args.acceptances, args.ks, args, clock, profile)
+            curves = speculative_curves(pair, mode, args.acceptances, args.ks, args, clock, prompt)
             all_curves += curves
             sections.append(f"## Speculative speedup at synthetic acceptance, {mode} (batch 1)\n\n" + markdown(curves))
         if args.hf_ks:

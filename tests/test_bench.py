@@ -140,23 +140,25 @@ def shapes_args(**overrides):
 
 
 def test_shapes_bench_curves_measure_the_set_acceptance_beside_both_predictions():
+    """The costs each k's predictions use are measured for that k (a ticking clock: every forward one second)."""
     from experiments import shapes_bench
 
     pair = tiny_pair()
     args = shapes_args()
     clock = TickingClock()
     with torch.inference_mode():
-        profile = shapes_bench.cost_profile(pair, "eager", 2, torch.tensor([[3, 4, 5, 6, 7]]), clock, repeats=1)
-        rows = shapes_bench.speculative_curves(pair, "eager", [0.0, 1.0], [1, 2], args, clock, profile)
+        rows = shapes_bench.speculative_curves(pair, "eager", [0.0, 1.0], [1, 2], args, clock,
+                                               torch.tensor([[3, 4, 5, 6, 7]]))
     assert [(row["acceptance"], row["k"]) for row in rows] == [(0.0, 1), (1.0, 1), (0.0, 2), (1.0, 2)]
     for row in rows:  # a = 0 and a = 1 leave no randomness: exactly what was set
         assert row["measured_acceptance"] == row["acceptance"]
-        cost_ratio = profile["draft"] / profile["target_1"]
-        assert row["predicted_leviathan"] == round(specdec.predicted_speedup(row["acceptance"], row["k"], cost_ratio), 2)
+        assert row["draft_ms"] == row["target_ms"] == row["verify_ms"] == 1000.0
+        assert row["predicted_leviathan"] == round(specdec.predicted_speedup(row["acceptance"], row["k"], 1.0), 2)
         expected_tokens = row["k"] + 1 if row["acceptance"] == 1 else 1
-        verify = profile[f"target_{row['k'] + 1}"]
-        assert row["predicted_measured_costs"] == round(
-            expected_tokens * profile["target_1"] / (row["k"] * profile["draft"] + verify), 2)
+        predicted = expected_tokens / (row["k"] + 1)
+        assert row["predicted_measured_costs"] == round(predicted, 2)
+        assert row["decode_speedup"] > 0 and row["decode_vs_predicted"] == pytest.approx(
+            row["decode_speedup"] / predicted, abs=0.01)
 
 
 def test_shapes_bench_throughput_sweep_and_transformers_comparison_on_a_tiny_pair():
