@@ -157,8 +157,9 @@ def test_shapes_bench_curves_measure_the_set_acceptance_beside_both_predictions(
         expected_tokens = row["k"] + 1 if row["acceptance"] == 1 else 1
         predicted = expected_tokens / (row["k"] + 1)
         assert row["predicted_measured_costs"] == round(predicted, 2)
+        rounding = 0.005 / predicted + 0.0005  # decode_speedup is rounded to 0.01, the ratio to 0.001
         assert row["decode_speedup"] > 0 and row["decode_vs_predicted"] == pytest.approx(
-            row["decode_speedup"] / predicted, abs=0.01)
+            row["decode_speedup"] / predicted, abs=rounding)
 
 
 def test_shapes_bench_throughput_sweep_and_transformers_comparison_on_a_tiny_pair():
