@@ -22,7 +22,9 @@ def time_forwards(model: torch.nn.Module, prompt: torch.Tensor, widths, repeats:
     """Median seconds of one forward of n tokens (each n in ``widths``) over a cache holding ``prompt`` [B, T].
 
     The tokens are the prompt's first n, fed after the prompt; each forward is rolled back before the next, so
-    every one sees the same cache. ``warmup`` untimed forwards precede the ``repeats`` timed ones of each width.
+    every one sees the same cache. The widths are interleaved, one forward of each per round, so a machine whose
+    speed drifts moves every width alike (their ratios are what predictions use); ``warmup`` untimed rounds precede
+    the ``repeats`` timed ones.
     ``cache_layout`` and ``compile`` are as in ``specdec.generate`` (compile needs the static layout). ``clock``
     defaults to one that synchronises the prompt's device before every reading; ``label`` names the model in
     cache errors.
@@ -38,19 +40,23 @@ def time_forwards(model: torch.nn.Module, prompt: torch.Tensor, widths, repeats:
     cache = KVCache(model, prompt.shape[0], prompt.device, label, cache_layout, capacity, compile)
     with torch.no_grad():
         cache.prefill(prompt, torch.ones_like(prompt))
-        return {n: median_forward_seconds(cache, prompt[:, :n], clock, repeats, warmup) for n in widths}
+        samples = {n: [] for n in widths}
+        for round_index in range(warmup + repeats):
+            for n in widths:
+                seconds = forward_seconds(cache, prompt[:, :n], clock)
+                if round_index >= warmup:
+                    samples[n].append(seconds)
+        return {n: statistics.median(times) for n, times in samples.items()}
 
 
-def median_forward_seconds(cache: KVCache, tokens: torch.Tensor, clock: Clock, repeats: int, warmup: int) -> float:
-    """Median over ``repeats`` of the seconds one forward of ``tokens`` [B, n] takes, after ``warmup`` untimed ones."""
-    samples = []
+def forward_seconds(cache: KVCache, tokens: torch.Tensor, clock: Clock) -> float:
+    """Seconds of one forward of ``tokens`` [B, n], rolled back afterwards so the next sees the same cache."""
     nothing_kept = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
-    for _ in range(warmup + repeats):
-        start = clock.now()
-        cache.forward(tokens, torch.ones_like(tokens))
-        samples.append(clock.now() - start)
-        cache.keep(nothing_kept, tokens.shape[1], 0)  # roll the forward back: the next sees the same cache
-    return statistics.median(samples[warmup:])
+    start = clock.now()
+    cache.forward(tokens, torch.ones_like(tokens))
+    seconds = clock.now() - start
+    cache.keep(nothing_kept, tokens.shape[1], 0)
+    return seconds
 
 
 def time_tree_forwards(model: torch.nn.Module, prompt: torch.Tensor, node_counts, repeats: int = 10,

@@ -43,7 +43,8 @@ def test_time_forwards_times_each_width_over_the_same_cache(layout):
     times = time_forwards(model, prompt, [1, 3], repeats=2, warmup=1, cache_layout=layout, clock=TickingClock())
     hook.remove()
     assert times == {1: 1.0, 3: 1.0}
-    assert seen == [(1, 5)] * 3 + [(3, 5)] * 3  # over the prompt alone (5 slots, filled by the body alone)
+    # widths interleaved, one forward each per round (1 warm-up + 2 timed), each over the prompt alone (5 slots)
+    assert seen == [(1, 5), (3, 5)] * 3
 
 
 def test_time_forwards_refuses_widths_the_prompt_cannot_supply():
