@@ -254,6 +254,18 @@ def text_batches(stream: torch.Tensor, args: argparse.Namespace) -> Batches:
     return draw
 
 
+def built_on_first_draw(build: Callable[[], Batches]) -> Batches:
+    """Batches that ``build()`` makes when the first batch is drawn: a stage whose finished checkpoint loads draws
+    none, so its (costly) data is never made."""
+    made: list[Batches] = []
+
+    def draw(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        if not made:
+            made.append(build())
+        return made[0](gen)
+    return draw
+
+
 def sequence_batches(sequences: torch.Tensor, trained: torch.Tensor, batch_size: int) -> Batches:
     """Random rows of a fixed set of sequences [N, T+1]; ``trained`` [N, T] marks the positions that are trained."""
     def draw(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -528,10 +540,11 @@ def main() -> None:
                       args.draft_lr, "draft", teacher=target)
     greedy_run = {"steps": 0, "tokens": 0, "seconds": 0}
     if args.greedy_steps or args.greedy_minutes:
-        rows, trained = greedy_training_set(target, tok, train_docs, args.greedy_prompts, args.greedy_new_tokens,
-                                            args.seed)
-        greedy_run = train(draft, sequence_batches(rows, trained, args.batch_size), args, args.greedy_steps,
-                           args.greedy_minutes, args.greedy_lr, "draft_greedy", teacher=target)
+        greedy_batches = built_on_first_draw(lambda: sequence_batches(
+            *greedy_training_set(target, tok, train_docs, args.greedy_prompts, args.greedy_new_tokens, args.seed),
+            args.batch_size))
+        greedy_run = train(draft, greedy_batches, args, args.greedy_steps, args.greedy_minutes, args.greedy_lr,
+                           "draft_greedy", teacher=target)
         greedy_run["tokens"] = greedy_run["steps"] * args.batch_size * args.greedy_new_tokens
     save_fp16(draft, args.out_dir / "draft")
 

@@ -104,6 +104,24 @@ def test_only_the_marked_positions_are_trained(tmp_path):
     assert not torch.equal(weights_after_training(rows, everywhere, "c"), weights_after_training(changed, everywhere, "d"))
 
 
+def test_a_finished_stage_never_builds_its_data(tmp_path):
+    """The greedy set takes minutes to generate: built on the first draw, so a finished checkpoint skips it."""
+    builds = []
+    stream = torch.randint(0, 97, (400,), generator=torch.Generator().manual_seed(0))
+
+    def build():
+        builds.append(1)
+        return train_pair.text_batches(stream, training_args(tmp_path))
+
+    model = tiny_gpt2(seed=3).float().requires_grad_(True)
+    run = train_pair.train(model, train_pair.built_on_first_draw(build), training_args(tmp_path), steps=3,
+                           minutes=None, lr=1e-2, name="m")
+    assert run["steps"] == 3 and builds == [1]  # built once, for the first of three draws
+    train_pair.train(model, train_pair.built_on_first_draw(build), training_args(tmp_path), steps=3, minutes=None,
+                     lr=1e-2, name="m")
+    assert builds == [1]  # the finished checkpoint loaded: nothing drawn, nothing built
+
+
 def test_distinct_bigram_fraction():
     assert train_pair.distinct_bigram_fraction([[1, 2, 3, 4, 5]]) == 1.0
     assert train_pair.distinct_bigram_fraction([[7, 8, 7, 8, 7, 8, 7]]) == pytest.approx(2 / 6)
