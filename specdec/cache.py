@@ -8,8 +8,9 @@ holes outnumber the committed slots of the fullest row, ``compact`` gathers ever
 
 A batch of one row without padding never holds a hole (every rejected slot is cropped, and trees are the only other
 source), so such a cache is ``dense``: its forwards pass no attention mask and no positions, and the model takes
-the plain causal path (transformers' padding-mask handling costs ~8% of a small model's decode step on CPU). The
-mask is still kept, for rollback; a tree, or padding in the prompt, turns ``dense`` off for good.
+the plain causal path (transformers' padding-mask handling costs ~8% of a small model's decode step on CPU). Its
+mask would be all ones, so it is not kept (rollback is a crop); a tree, or padding in the prompt, turns ``dense``
+off for good (``leave_dense`` writes the ones then).
 
 Two layouts, same behaviour: ``dynamic`` (a ``DynamicCache`` that grows by concatenation) and ``static`` (a
 preallocated ``StaticCache`` written in place, whose tensors keep their addresses, for CUDA graphs / compile;
@@ -93,16 +94,23 @@ class KVCache:
         self.note_padding(input_mask)
         self.feed(self.body, input_ids, input_mask)
 
-    def prefill_and_predict(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> torch.Tensor:
-        """Feed [B, n] tokens and return the [B, 1, V] logits after the last column only (``logits_to_keep=1``: the
-        head runs on one position), as generate() gets the first new token from its prefill. Left padding keeps
-        the last column a real token in every row. Eager, whatever ``compile`` says: the width varies per prompt."""
+    def prefill_and_predict(self, input_ids: torch.Tensor, input_mask: torch.Tensor, num_logits: int = 1) -> torch.Tensor:
+        """Feed [B, n] tokens and return the [B, m, V] logits of the last m = ``num_logits`` columns only (the head
+        runs on those): the prompt's last token and any drafts appended to it, so the prefill verifies them. Left
+        padding keeps the last columns real tokens in every row. Eager, whatever ``compile`` says: the width varies
+        per prompt."""
         self.note_padding(input_mask)
-        return self.feed(self.model, input_ids, input_mask, logits_to_keep=1).logits
+        return self.feed(self.model, input_ids, input_mask, logits_to_keep=num_logits).logits
 
     def note_padding(self, input_mask: torch.Tensor) -> None:
         """A prompt with padding makes holes: the cache is no longer ``dense`` (one host read, once per prompt)."""
         if self.dense and not bool(input_mask.all()):
+            self.leave_dense()
+
+    def leave_dense(self) -> None:
+        """From now on the cache may hold holes: write the mask a dense cache does not keep (all ones)."""
+        if self.dense:
+            self.mask = torch.ones(self.mask.shape[0], self.num_slots, dtype=torch.long, device=self.mask.device)
             self.dense = False
 
     def forward(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> torch.Tensor:
@@ -143,7 +151,6 @@ class KVCache:
             if self.num_slots + n > self.capacity:
                 self.grow(2 * (self.num_slots + n))
         if self.dense:  # no holes: the model counts positions from the cache's length, as without a mask
-            self.mask = torch.cat([self.mask, input_mask.long()], dim=1)
             self.num_slots += n
             return module(input_ids=input_ids, past_key_values=self.past, use_cache=True, **options)
         positions = self.mask.sum(-1, keepdim=True) + input_mask.cumsum(-1) - 1  # [B, n]
@@ -175,7 +182,7 @@ class KVCache:
         Dynamic layout: a 4D mask [B, 1, n, S + n] goes straight to attention."""
         if self.static:
             raise ValueError(f"the {self.label} cache verifies trees on the dynamic layout only")
-        self.dense = False  # the tree's other nodes become holes
+        self.leave_dense()  # the tree's other nodes become holes
         n, tree_slots = input_ids.shape[1], attend.shape[1]
         committed = self.mask[:, : self.num_slots - (tree_slots - n)].bool()  # [B, S0]
         positions = committed.sum(-1, keepdim=True) + offsets  # [B, n]
@@ -204,6 +211,9 @@ class KVCache:
         num_last`` no row rejected anything and the mask stays as it is.
         """
         if min_kept >= num_last:
+            return
+        if self.dense:  # one row: max_kept is its count
+            self.crop_tail(num_last - max_kept)
             return
         start = self.num_slots - num_last
         slot = torch.arange(num_last, device=self.mask.device)  # [num_last]
@@ -237,7 +247,8 @@ class KVCache:
                 layer.cumulative_length.sub_(num_slots)  # the next write overwrites the stale slots
         else:
             self.past.crop(-num_slots)  # transformers 5.x: a negative count of slots to remove
-            self.mask = self.mask[:, : self.num_slots]
+            if not self.dense:
+                self.mask = self.mask[:, : self.num_slots]
 
     def grow(self, capacity: int) -> None:
         """Reallocate the static cache with ``capacity`` slots (rounded up), keeping the slots written so far."""

@@ -24,9 +24,13 @@ from specdec.checks import (
     check_eos_ids, check_eval_mode, check_max_new_tokens, check_parts, check_prompt, check_seed,
 )
 from specdec.drafters import NoDrafter
-from specdec.interfaces import AcceptanceStrategy, Drafter, DraftLengthPolicy, as_strategy
+from specdec.interfaces import (
+    AcceptanceStrategy, Drafter, DraftLengthPolicy, StopHook, as_strategy, greedy_verdict,
+)
 from specdec.policies import FixedLength
-from specdec.sampling import SamplingConfig, greedy_choice, logits_to_probs, one_hot_probs, sample, usable
+from specdec.sampling import (
+    SamplingConfig, finite_peaks, greedy_choice, logits_to_probs, one_hot_probs, sample, usable,
+)
 from specdec.stats import DecodeStats, RowStats
 from specdec.strategies import Greedy, Speculative, probs_of
 from specdec.timing import Clock
@@ -44,47 +48,69 @@ class GenerationOutput:
     stats: DecodeStats
 
 
-class RowCounters:
-    """Per-row statistics accumulated on the device, read once at the end. Rows are the call's original rows;
-    ``add`` takes the step's rows as ``rows`` [B'] indices into them."""
+@dataclass(frozen=True)
+class Judgement:
+    """A step's verdict and what the loop needs around it."""
 
-    def __init__(self, batch_size: int, k_max: int, device: torch.device):
-        zeros = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=device)  # noqa: E731
-        self.drafted, self.accepted, self.target_calls = zeros(batch_size), zeros(batch_size), zeros(batch_size)
-        self.position_attempts, self.position_accepts = zeros(batch_size, k_max), zeros(batch_size, k_max)
-        self.overlap_sum = torch.zeros((), dtype=torch.float64, device=device)
-        self.overlap_count = zeros(())
+    verdict: Verdict
+    target_usable: torch.Tensor  # [] bool: no NaN/inf in the target logits (checked at the step's sync)
+    overlap: torch.Tensor | None = None  # [B, k] sum_x min(q, p) per draft position (q = onehot(draft) where the
+    # drafter gives no distributions); None where not measured
+    overlap_is_acceptance: bool = False  # greedy matching on point masses: the overlap is 1 exactly where kept
+    new_tokens: torch.Tensor | None = None  # [B, k+1] the tokens to emit, where the judge has them at hand (greedy
+    # matching: the target's choices); else built from the verdict
 
-    def add(
-        self, rows: torch.Tensor, k: int, num_accepted: torch.Tensor, active: torch.Tensor, overlap: torch.Tensor | None,
-        drafted: int,
-    ) -> None:
-        """Count one step of the ``active`` [B'] rows: ``drafted`` tokens over ``k`` positions (a chain drafts k; a
-        tree of depth k more); ``overlap`` [B', k] is sum_x min(q, p) per draft position."""
-        live = active.long()  # [B'] 1/0, the form index_add_ sums
-        self.target_calls.index_add_(0, rows, live)
-        if k == 0:
-            return
-        self.drafted.index_add_(0, rows, drafted * live)
-        self.accepted.index_add_(0, rows, num_accepted * live)
-        position = torch.arange(k, device=live.device)  # [k]
-        attempted = (num_accepted.unsqueeze(1) >= position) * live.unsqueeze(1)  # [B', k]
-        self.position_attempts[:, :k].index_add_(0, rows, attempted)
-        self.position_accepts[:, :k].index_add_(0, rows, (num_accepted.unsqueeze(1) > position) * live.unsqueeze(1))
-        if overlap is not None:
-            self.overlap_sum += (overlap * attempted).sum()
-            self.overlap_count += attempted.sum()
 
-    def rows(self, emitted: torch.Tensor) -> list[RowStats]:
+class StepLog:
+    """What each step decided for each of the call's original rows, written with a few ops per step and turned into
+    per-row counts once, at the end (``row_stats``). ``add`` takes the step's rows as ``rows`` [B'] indices."""
+
+    def __init__(self, batch_size: int, k_max: int, max_steps: int, device: torch.device):
+        # [S, B] drafts each row kept in each step; -1 where the row was not generating (a later step's -1: unused)
+        self.accepted = torch.full((max_steps, batch_size), -1, dtype=torch.long, device=device)
+        # [S, B, k_max] sum_x min(q, p) at each draft position (read where the position was verified)
+        self.overlap = torch.zeros(max_steps, batch_size, k_max, device=device)
+        self.depths: list[int] = []  # per step: draft positions k (a tree's levels)
+        self.drafted: list[int] = []  # per step: tokens each generating row drafted (a tree's nodes)
+        self.overlap_logged: list[bool] = []  # per step: the overlap was measured (chains with drafts)
+        self.overlap_is_acceptance: list[bool] = []  # per step: ... and is 1 exactly where a draft was kept
+
+    def add(self, rows: torch.Tensor, k: int, kept_or_idle: torch.Tensor, drafted: int, judgement: Judgement) -> None:
+        """Log one step: ``kept_or_idle`` [B'] drafts kept per row, -1 for rows not generating; ``drafted`` tokens
+        over ``k`` positions (a chain drafts k; a tree of depth k more); the judgement's overlap."""
+        step = len(self.depths)
+        self.accepted[step].index_copy_(0, rows, kept_or_idle)
+        if judgement.overlap is not None:
+            self.overlap[step, :, :k].index_copy_(0, rows, judgement.overlap.float())
+        self.depths.append(k)
+        self.drafted.append(drafted)
+        self.overlap_logged.append(judgement.overlap is not None or judgement.overlap_is_acceptance)
+        self.overlap_is_acceptance.append(judgement.overlap_is_acceptance)
+
+    def row_stats(self, emitted: torch.Tensor) -> tuple[list[RowStats], float, int]:
+        """Each row's counts, and the sum and count of the overlap over the verified draft positions."""
+        steps, device = len(self.depths), self.accepted.device
+        accepted = self.accepted[:steps]  # [S, B]
+        generating = accepted >= 0  # [S, B]
+        depths = torch.tensor(self.depths, device=device)  # [S]
+        position = torch.arange(self.overlap.shape[2], device=device)  # [k_max]
+        drafted_position = generating.unsqueeze(2) & (position < depths[:, None, None])  # [S, B, k_max]
+        attempted = drafted_position & (accepted.unsqueeze(2) >= position)  # [S, B, k_max] reached position i
+        kept = drafted_position & (accepted.unsqueeze(2) > position)  # [S, B, k_max] accepted at position i
+        drafted = (torch.tensor(self.drafted, device=device).unsqueeze(1) * generating).sum(0)  # [B]
         columns = zip(
             emitted.tolist(),
-            self.drafted.tolist(),
-            self.accepted.tolist(),
-            self.target_calls.tolist(),
-            self.position_attempts.tolist(),
-            self.position_accepts.tolist(),
+            drafted.tolist(),
+            accepted.clamp_min(0).sum(0).tolist(),
+            generating.sum(0).tolist(),
+            attempted.sum(0).tolist(),
+            kept.sum(0).tolist(),
         )
-        return [RowStats(*column) for column in columns]
+        measured = attempted & torch.tensor(self.overlap_logged, device=device)[:, None, None]  # [S, B, k_max]
+        from_acceptance = torch.tensor(self.overlap_is_acceptance, device=device)[:, None, None]  # [S, 1, 1]
+        overlap = torch.where(from_acceptance, kept.double(), self.overlap[:steps].double())  # [S, B, k_max]
+        overlap_sum = (overlap * measured).sum().item()
+        return [RowStats(*column) for column in columns], overlap_sum, int(measured.sum())
 
 
 class Decoder:
@@ -170,8 +196,9 @@ class Rows:
 
     original: torch.Tensor  # [B'] the call's row each batch row is (results are indexed by it)
     emitted: torch.Tensor  # [B'] tokens emitted so far
-    active: torch.Tensor  # [B'] bool, still generating (finished rows that stay in the batch feed holes)
-    allowance: torch.Tensor  # [B'] tokens the row may emit in all: max_new_tokens and the context limit bound it
+    remaining: torch.Tensor  # [B'] tokens the row may still emit (max_new_tokens and its context bound it; 0 once
+    # it finished)
+    active: torch.Tensor  # [B'] bool, remaining > 0: still generating (finished rows that stay in the batch feed holes)
     room: torch.Tensor  # [B'] positions left in the row's context at the start
     pending: torch.Tensor  # [B'] last emitted token, not yet in the target cache
     no_drafts: torch.Tensor  # [B', 0] the proposal of a step with k = 0
@@ -181,22 +208,21 @@ class Rows:
         """The rows ``index`` [B''] of every field."""
         return Rows(**{field.name: getattr(self, field.name)[index] for field in fields(self)})
 
-    def budgets(self) -> torch.Tensor:
-        """[B'] tokens each row may still emit (0 for finished rows)."""
-        return (self.allowance - self.emitted) * self.active
-
 
 @dataclass(frozen=True)
 class HostSync:
     """The scalars the host needs after a step, read in the step's one device-to-host copy."""
 
     remaining_max: int  # largest budget left over active rows; 0 ends the call
-    room_min: int  # smallest context room left over active rows (bounds the next k)
+    room_min: int  # smallest context room left over active rows (bounds the next k; k_max when it cannot bind)
     num_active: int  # rows still generating
     max_accepted: int  # over the rows generating during the step (0 when nothing was drafted)
     min_accepted: int
     max_new: int  # tokens emitted this step, over all rows (bounds the rollback)
     min_new: int
+
+
+HOST_SYNC_FIELDS = [field.name for field in fields(HostSync)]
 
 
 class DecodeRun:
@@ -213,12 +239,14 @@ class DecodeRun:
         self.k_max = decoder.draft_length.max_k if decoder.speculates else 0
         self.limit = decoder.context_limit if decoder.context_limit is not None else 2**62
         room = self.limit - attention_mask.sum(-1)  # [B]
+        # Rows with room for every token they may emit and k_max more never bind k: no room check per step then.
+        self.room_binds = int(room.min()) < max_new_tokens + self.k_max
         zeros = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B], read only
         self.rows = Rows(
             original=torch.arange(batch_size, device=device),
             emitted=torch.zeros_like(zeros),
+            remaining=room.clamp(max=max_new_tokens),
             active=torch.ones(batch_size, dtype=torch.bool, device=device),
-            allowance=room.clamp(max=max_new_tokens),
             room=room,
             pending=input_ids[:, -1],  # replaced by the first step, whose logits come from the prefill
             no_drafts=zeros.unsqueeze(1)[:, :0],
@@ -228,7 +256,8 @@ class DecodeRun:
         self.output = torch.zeros(batch_size, max_new_tokens + self.k_max + 1, dtype=torch.long, device=device)
         self.final_emitted = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
         self.slot_offsets = torch.arange(self.k_max + 1, device=device)  # [k_max+1]
-        self.counters = RowCounters(batch_size, self.k_max, device)
+        # Each step emits at least one token to every generating row, the prefill's step included.
+        self.log = StepLog(batch_size, self.k_max, max_steps=max_new_tokens, device=device)
         self.draft_seconds = self.target_seconds = 0.0
         self.draft_step_seconds = self.target_step_seconds = 0.0
         self.target_forwards = 0
@@ -244,41 +273,45 @@ class DecodeRun:
         self.target_cache = KVCache(
             decoder.target, batch_size, device, "target", decoder.cache_layout, capacity, decoder.compile
         )
-        first_logits = self.target_cache.prefill_and_predict(self.input_ids, self.attention_mask)  # [B, 1, V]
-        after_target_prefill = self.phase_clock()
         self.draft_seconds = after_draft_prefill - (start if self.decoder.time_phases else 0.0)
-        self.target_seconds = after_target_prefill - after_draft_prefill
-        # The first token comes from the prefill's logits, as in generate(): a step with nothing drafted and no
-        # forward of its own. The drafters then feed the prompt's last token and it together.
-        sync = self.step(0, prefill_logits=first_logits)
+        # The first step drafts from the prompt and the target's prefill verifies its drafts, as in transformers'
+        # assisted generation.
+        sync = self.step(self.next_k(*self.first_bounds()), first=True)
         ttft = self.clock.now() - start
         while sync.remaining_max > 0:
-            k = min(decoder.draft_length.next_k(), sync.remaining_max - 1, sync.room_min) if decoder.speculates else 0
-            sync = self.step(max(k, 0))
+            sync = self.step(self.next_k(sync.remaining_max, sync.room_min))
         return self.finish(self.clock.now() - start, ttft)
 
-    def bounds(self) -> list[torch.Tensor]:
-        """[largest remaining budget, smallest context room] over active rows: the next k's limits, on device."""
+    def first_bounds(self) -> tuple[int, int]:
+        """The next k's limits before the first step (``HostSync``'s): one host read."""
         rows = self.rows
-        room = torch.where(rows.active, rows.room - rows.emitted, self.limit)  # [B']
-        return [rows.budgets().max(), room.min()]
+        if not self.room_binds:
+            return int(rows.remaining.max()), self.k_max
+        remaining_max, room_min = torch.stack([rows.remaining.max(), rows.room.min()]).tolist()
+        return remaining_max, room_min
 
-    def step(self, k: int, prefill_logits: torch.Tensor | None = None) -> HostSync:
-        """One step in nine phases; each but the bookkeeping of times is one method. The first step (k = 0) takes
-        the prefill's [B, 1, V] logits instead of a forward."""
+    def next_k(self, remaining_max: int, room_min: int) -> int:
+        """The policy's k, bounded by the largest budget left (drafts past it could not be emitted) and the
+        smallest context room."""
+        if not self.decoder.speculates:
+            return 0
+        return max(min(self.decoder.draft_length.next_k(), remaining_max - 1, room_min), 0)
+
+    def step(self, k: int, first: bool = False) -> HostSync:
+        """One step in nine phases; each but the bookkeeping of times is one method. The ``first`` step's target
+        forward is the prefill: it feeds the whole prompt before the drafts (``verify``)."""
         t0 = self.phase_clock()
         proposal = self.propose(k)  # 1. the drafter proposes up to k tokens (a tree: up to k levels)
         k = depth_of(proposal)  # fewer than asked when the policy stopped the draft early
         t1 = self.phase_clock()
-        # 2. one target forward over the pending token and the drafts
-        target_logits = self.verify(proposal) if prefill_logits is None else prefill_logits
+        target_logits = self.verify(proposal, first)  # 2. one target forward over the pending token and the drafts
         t2 = self.phase_clock()
-        verdict, overlap, target_usable = self.judge(proposal, target_logits)  # 3. the strategy decides
-        active_during_step = self.rows.active
-        self.counters.add(self.rows.original, k, verdict.num_accepted, active_during_step, overlap,
-                          proposal.tokens.shape[1])  # 4. count
-        new_tokens, num_new = self.emit(proposal, verdict)  # 5. write the output, advance rows
-        sync = self.sync_host(k, verdict, proposal, num_new, active_during_step, target_usable)  # 6. the one sync
+        judgement = self.judge(proposal, target_logits)  # 3. the strategy decides
+        verdict, active_during_step = judgement.verdict, self.rows.active
+        kept_or_idle = torch.where(active_during_step, verdict.num_accepted, -1)  # [B'] -1: the row fed holes
+        self.log.add(self.rows.original, k, kept_or_idle, proposal.tokens.shape[1], judgement)  # 4. log
+        new_tokens, num_new = self.emit(proposal, judgement)  # 5. write the output, advance rows
+        sync = self.sync_host(k, proposal, num_new, kept_or_idle, judgement.target_usable)  # 6. the one sync
         self.roll_back(proposal, verdict, num_new, sync)  # 7. the target cache keeps what was emitted
         t3 = self.phase_clock()
         outcome = StepOutcome(
@@ -292,29 +325,55 @@ class DecodeRun:
             max_accepted=sync.max_accepted,
             min_accepted=sync.min_accepted,
             draft_seconds=t1 - t0,
-            target_seconds=t2 - t1,
+            target_seconds=math.nan if first else t2 - t1,  # a prefill's time says nothing of a verification
             path=verdict.path if isinstance(verdict, TreeVerdict) else None,
         )
         self.decoder.drafter.commit(outcome)  # 8. notify: the drafter rolls back its own cache (timed as drafting)
         t4 = self.phase_clock()
         self.decoder.draft_length.observe(outcome)  # ... and the policy learns
         self.retire_finished(sync.num_active)  # 9. finished rows leave the batch
-        self.record_times(draft=(t1 - t0) + (t4 - t3), target=t2 - t1, verified=prefill_logits is None)
+        self.record_times(draft=(t1 - t0) + (t4 - t3), target=t2 - t1, prefill=first)
         return sync
 
     def propose(self, k: int) -> Proposal:
         """Ask the drafter for up to k tokens, letting a policy that ``stops_drafts`` stop the draft early."""
         if k == 0:
             return Proposal(self.rows.no_drafts, None)
-        drafter, policy, sampling = self.decoder.drafter, self.decoder.draft_length, self.decoder.sampling
-        if not policy.stops_drafts:
-            return drafter.propose(k, sampling, self.generator)
-        active = self.rows.active  # [B'] rows generating this step; the policy ignores the others
-        return drafter.propose(k, sampling, self.generator, stop=lambda probs: policy.should_stop(probs, active))
+        return self.decoder.drafter.propose(k, self.decoder.sampling, self.generator, stop=self.draft_stop())
 
-    def verify(self, proposal: Proposal) -> torch.Tensor:
+    def draft_stop(self) -> StopHook | None:
+        """When to stop this step's draft early: once every generating row has drafted an EOS (no draft after it
+        could be emitted, as in transformers' assisted generation), or when a policy that ``stops_drafts`` says so.
+        Either costs a host read per drafted token."""
+        policy, active = self.decoder.draft_length, self.rows.active  # [B'] the policy ignores rows not generating
+        if self.eos_ids is None and not policy.stops_drafts:
+            return None
+        done = ~active  # [B'] rows whose draft has reached an EOS, or that do not generate
+
+        def stop(token: torch.Tensor, logits: torch.Tensor) -> bool:
+            nonlocal done
+            if self.eos_ids is not None:
+                done = done | torch.isin(token, self.eos_ids)  # [B']
+                if bool(done.all()):
+                    return True
+            return policy.stops_drafts and policy.should_stop(logits.float().softmax(-1), active)
+        return stop
+
+    def verify(self, proposal: Proposal, first: bool) -> torch.Tensor:
         """[B', k+1, V] target logits for the pending token and the k drafts (a tree: [B', N+1, V] for the pending
-        token and the N nodes, under the tree's ancestor mask); finished rows feed holes."""
+        token and the N nodes, under the tree's ancestor mask); finished rows feed holes.
+
+        The ``first`` step feeds the whole prompt, whose last token is pending: a chain's drafts go in the same
+        forward, the head on the last k+1 columns; a tree's ancestor mask covers cached slots only, so the prompt
+        but its last token is cached first (a forward of the body alone, as a prefill without drafts would cost).
+        """
+        if first and proposal.tree is None:
+            drafts = proposal.tokens  # [B, k]
+            ids = torch.cat([self.input_ids, drafts], 1)  # [B, T+k]
+            mask = torch.cat([self.attention_mask, torch.ones_like(drafts)], 1)  # [B, T+k]
+            return self.target_cache.prefill_and_predict(ids, mask, num_logits=drafts.shape[1] + 1)
+        if first and self.input_ids.shape[1] > 1:
+            self.target_cache.prefill(self.input_ids[:, :-1], self.attention_mask[:, :-1])
         verify_ids = self.rows.pending.unsqueeze(1)  # [B', 1]
         if proposal.tree is not None:
             verify_ids = torch.cat([verify_ids, proposal.tokens], 1)  # [B', N+1]
@@ -325,29 +384,33 @@ class DecodeRun:
         verify_mask = self.rows.active.unsqueeze(1).expand_as(verify_ids)  # [B', k+1]
         return self.target_cache.forward(verify_ids, verify_mask)
 
-    def judge(
-        self, proposal: Proposal, target_logits: torch.Tensor
-    ) -> tuple[Verdict, torch.Tensor | None, torch.Tensor]:
-        """The strategy's verdict, [B, k] sum_x min(q, p) per draft position (q = onehot(draft) where the drafter
-        gives no distributions), and [] whether the target logits were usable.
+    def judge(self, proposal: Proposal, target_logits: torch.Tensor) -> Judgement:
+        """The strategy's verdict, with what the loop needs around it (``Judgement``).
 
         With no drafts there is nothing to accept: every strategy reduces to picking the next token from p, done
         here directly (argmax at temperature 0), which keeps the baseline's per-token work to the bare minimum.
-        At temperature 0, a strategy that ``judges_ids`` is judged on token ids.
+        At temperature 0, a strategy that ``judges_ids`` is judged on token ids; one whose rule there is greedy
+        matching (``greedy_at_point_masses``) is judged here, and its kept drafts are the target's choices.
         """
         sampling, strategy, k = self.decoder.sampling, self.decoder.strategy, proposal.tokens.shape[1]
         if proposal.tree is not None:
             return self.judge_tree(proposal, target_logits)
         if sampling.is_greedy and (k == 0 or self.decoder.judges_ids):
             # Point masses: token ids say everything a strategy would see, and one pass over V finds them.
-            target_choice, target_usable = greedy_choice(target_logits)  # [B, k+1], []
+            target_choice, target_peaks = greedy_choice(target_logits)  # [B, k+1], [B, k+1]
+            target_usable = finite_peaks(target_peaks)  # []
             if k == 0:
-                return Verdict(self.rows.none_accepted, target_choice[:, 0]), None, target_usable
+                return Judgement(Verdict(self.rows.none_accepted, target_choice[:, 0]), target_usable,
+                                 new_tokens=target_choice)
+            if strategy.greedy_at_point_masses:
+                verdict = greedy_verdict(proposal.tokens, target_choice)
+                return Judgement(verdict, target_usable, new_tokens=target_choice, overlap_is_acceptance=True)
             overlap = (proposal.tokens == target_choice[:, :k]).float()  # [B, k] sum_x min(q, p) of point masses
-            return strategy.verdict_from_ids(proposal.tokens, target_choice, self.generator), overlap, target_usable
+            verdict = strategy.verdict_from_ids(proposal.tokens, target_choice, self.generator)
+            return Judgement(verdict, target_usable, overlap=overlap)
         if k == 0:
             token = sample(logits_to_probs(target_logits[:, 0], sampling), self.generator)  # [B]
-            return Verdict(self.rows.none_accepted, token), None, usable(target_logits)
+            return Judgement(Verdict(self.rows.none_accepted, token), usable(target_logits))
         target_probs = logits_to_probs(target_logits, sampling)  # [B, k+1, V]
         if proposal.probs is None:  # point masses q = onehot(draft), so sum_x min(q, p) = p(draft)
             overlap = probs_of(target_probs[:, :k], proposal.tokens)  # [B, k]
@@ -356,77 +419,75 @@ class DecodeRun:
             overlap = torch.minimum(proposal.probs, target_probs[:, :k]).sum(-1)  # [B, k]
             draft_probs = proposal.probs
         verdict = strategy(proposal.tokens, draft_probs, target_probs, self.generator)
-        return verdict, overlap, usable(target_logits)
+        return Judgement(verdict, usable(target_logits), overlap=overlap)
 
-    def judge_tree(
-        self, proposal: Proposal, target_logits: torch.Tensor
-    ) -> tuple[TreeVerdict, None, torch.Tensor]:
+    def judge_tree(self, proposal: Proposal, target_logits: torch.Tensor) -> Judgement:
         """The strategy's tree rule: on token ids at temperature 0, else on distributions."""
         strategy, shape = self.decoder.strategy, proposal.tree
         if self.decoder.sampling.is_greedy:
-            target_choice, target_usable = greedy_choice(target_logits)  # [B, N+1], []
-            return strategy.tree_verdict_from_ids(shape, proposal.tokens, target_choice, self.generator), None, \
-                target_usable
+            target_choice, target_peaks = greedy_choice(target_logits)  # [B, N+1], [B, N+1]
+            verdict = strategy.tree_verdict_from_ids(shape, proposal.tokens, target_choice, self.generator)
+            return Judgement(verdict, finite_peaks(target_peaks))
         target_probs = logits_to_probs(target_logits, self.decoder.sampling)  # [B, N+1, V]
         verdict = strategy.judge_tree(shape, proposal.tokens, proposal.probs, target_probs, self.generator)
-        return verdict, None, usable(target_logits)
+        return Judgement(verdict, usable(target_logits))
 
-    def emit(self, proposal: Proposal, verdict: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
+    def emit(self, proposal: Proposal, judgement: Judgement) -> tuple[torch.Tensor, torch.Tensor]:
         """Write each row's new tokens into the output and advance the rows: [B', k+1] new tokens (the kept drafts,
         then the next token; a tree's kept drafts are its accepted path) and [B'] how many of them each row emits
         (cut at EOS and the budget)."""
-        rows, k = self.rows, depth_of(proposal)
-        drafts = path_tokens(proposal.tokens, verdict.path) if proposal.tree is not None else proposal.tokens
-        new_tokens = verdict.next_token.unsqueeze(1)  # [B', 1]
-        if k:
-            new_tokens = torch.cat([drafts, new_tokens], 1)  # [B', k+1]
+        rows, k, verdict, new_tokens = self.rows, depth_of(proposal), judgement.verdict, judgement.new_tokens
+        if new_tokens is None:
+            drafts = path_tokens(proposal.tokens, verdict.path) if proposal.tree is not None else proposal.tokens
+            new_tokens = torch.cat([drafts, verdict.next_token.unsqueeze(1)], 1)  # [B', k+1]
             new_tokens.scatter_(1, verdict.num_accepted.unsqueeze(1), verdict.next_token.unsqueeze(1))
-        num_new, reached_eos = self.count_new(new_tokens, verdict.num_accepted)
+        num_new, no_eos = self.count_new(new_tokens, verdict.num_accepted)
         slots = rows.emitted.unsqueeze(1) + self.slot_offsets[: k + 1]  # [B', k+1]
         self.output.index_put_((rows.original.unsqueeze(1), slots), new_tokens)  # slots past num_new: rewritten or unread
         rows.emitted = rows.emitted + num_new
-        rows.active = rows.active & (rows.allowance > rows.emitted)
-        if reached_eos is not None:
-            rows.active = rows.active & ~reached_eos
+        rows.remaining = rows.remaining - num_new if no_eos is None else (rows.remaining - num_new) * no_eos
+        rows.active = rows.remaining > 0
         return new_tokens, num_new
 
     def count_new(
         self, new_tokens: torch.Tensor, num_accepted: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[B] tokens each row emits this step (kept drafts + 1, cut at EOS and the budget) and [B] EOS reached
-        (None without EOS ids)."""
-        num_new = torch.minimum(num_accepted + 1, self.rows.budgets())  # [B], 0 for finished rows
+        """[B] tokens each row emits this step (kept drafts + 1, cut at EOS and the budget) and [B] whether none of
+        them is EOS (None without EOS ids)."""
+        num_new = torch.minimum(num_accepted + 1, self.rows.remaining)  # [B], 0 for finished rows
         if self.eos_ids is None:
             return num_new, None
         slot = self.slot_offsets[: new_tokens.shape[1]]  # [k+1]
-        is_eos = torch.isin(new_tokens, self.eos_ids) & (slot < num_new.unsqueeze(1))  # [B, k+1]
-        first_eos = torch.where(is_eos, slot, new_tokens.shape[1]).amin(-1)  # [B], k+1 if none
-        return torch.minimum(num_new, first_eos + 1), is_eos.any(-1)
+        first_eos = torch.where(torch.isin(new_tokens, self.eos_ids), slot, new_tokens.shape[1]).amin(-1)  # [B]
+        return torch.minimum(num_new, first_eos + 1), first_eos >= num_new
 
     def sync_host(
-        self, k: int, verdict: Verdict, proposal: Proposal, num_new: torch.Tensor, active_during_step: torch.Tensor,
+        self, k: int, proposal: Proposal, num_new: torch.Tensor, kept_or_idle: torch.Tensor,
         target_usable: torch.Tensor,
     ) -> HostSync:
-        """Copy the step's scalars to the host at once, and refuse to go on from unusable logits."""
-        scalars = [*self.bounds(), target_usable.long(), self.rows.active.sum()]
+        """Copy the step's scalars to the host at once, and refuse to go on from unusable logits. ``kept_or_idle``
+        [B'] is num_accepted, -1 for rows that fed holes (their verdicts mean nothing)."""
+        rows = self.rows
+        scalars = {"remaining_max": rows.remaining.max(), "target_ok": target_usable, "num_active": rows.active.sum()}
+        if self.room_binds:
+            scalars["room_min"] = torch.where(rows.active, rows.room - rows.emitted, self.limit).min()
         if k:
-            idle = ~active_during_step  # [B'] rows that fed only holes: their verdicts mean nothing
-            drafts_ok = proposal.finite.long() if proposal.finite is not None else torch.ones_like(scalars[0])
-            scalars += [
-                verdict.num_accepted.masked_fill(idle, -1).max(),
-                verdict.num_accepted.masked_fill(idle, k).min(),
-                drafts_ok,
-                num_new.max(),
-                num_new.min(),
-            ]
-        values = torch.stack(scalars).tolist()
-        remaining_max, room_min, target_ok, num_active = values[:4]
-        max_accepted, min_accepted, drafts_ok, max_new, min_new = values[4:] if k else (0, 0, True, 1, 1)
-        if not drafts_ok:
+            scalars.update(
+                max_accepted=kept_or_idle.max(),
+                min_accepted=kept_or_idle.masked_fill(kept_or_idle < 0, k).min(),
+                max_new=num_new.max(),
+                min_new=num_new.min(),
+            )
+            if proposal.finite is not None:
+                scalars["drafts_ok"] = proposal.finite
+        values = {"room_min": self.k_max, "max_accepted": 0, "min_accepted": 0, "drafts_ok": True, "max_new": 1,
+                  "min_new": 1}
+        values.update(zip(scalars, torch.stack(list(scalars.values())).tolist()))
+        if not values["drafts_ok"]:
             raise NonFiniteLogitsError("the draft model produced NaN/inf logits; refusing to emit tokens from them")
-        if not target_ok:
+        if not values["target_ok"]:
             raise NonFiniteLogitsError("the target model produced NaN/inf logits; refusing to emit tokens from them")
-        return HostSync(remaining_max, room_min, num_active, max_accepted, min_accepted, max_new, min_new)
+        return HostSync(**{name: values[name] for name in HOST_SYNC_FIELDS})
 
     def roll_back(self, proposal: Proposal, verdict: Verdict, num_new: torch.Tensor, sync: HostSync) -> None:
         """The target cache keeps each row's emitted tokens of the k + 1 it was fed (a tree: the root and the
@@ -450,13 +511,13 @@ class DecodeRun:
         self.target_cache.select_rows(keep)
         self.decoder.drafter.select_rows(keep)
 
-    def record_times(self, draft: float, target: float, verified: bool) -> None:
-        """Add a step's times; the step times and forward count (the cost ratio's) only for a step that ran a
-        target forward of its own."""
+    def record_times(self, draft: float, target: float, prefill: bool) -> None:
+        """Add a step's times to the call's; to the decode steps' (the cost ratio's) all its drafting and, unless
+        its target forward was the prefill, that forward."""
         self.draft_seconds += draft
         self.target_seconds += target
-        if verified:
-            self.draft_step_seconds += draft
+        self.draft_step_seconds += draft
+        if not prefill:
             self.target_step_seconds += target
             self.target_forwards += 1
 
@@ -465,12 +526,12 @@ class DecodeRun:
         rows = self.output.tolist()
         counts = self.final_emitted.tolist()
         tokens = [row[:count] for row, count in zip(rows, counts)]
-        overlap_sum, overlap_count = self.counters.overlap_sum.item(), int(self.counters.overlap_count.item())
+        row_stats, overlap_sum, overlap_count = self.log.row_stats(self.final_emitted)
         if not self.decoder.time_phases:
             self.draft_seconds = self.target_seconds = math.nan
             self.draft_step_seconds = self.target_step_seconds = math.nan
         stats = DecodeStats(
-            rows=self.counters.rows(self.final_emitted),
+            rows=row_stats,
             draft_forwards=self.decoder.drafter.num_forwards,
             target_forwards=self.target_forwards,
             draft_seconds=self.draft_seconds,

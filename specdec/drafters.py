@@ -13,7 +13,7 @@ import torch
 
 from specdec.cache import KVCache, static_capacity
 from specdec.interfaces import Drafter, StopHook
-from specdec.sampling import SamplingConfig, greedy_choice, logits_to_probs, sample, usable
+from specdec.sampling import SamplingConfig, finite_peaks, greedy_choice, logits_to_probs, sample, usable
 from specdec.tree import kept_positions, path_tokens, tree_shape, tree_shape_on, truncated
 from specdec.types import Proposal, StepOutcome
 
@@ -57,24 +57,24 @@ class ModelDrafter(Drafter):
         self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None = None
     ) -> Proposal:
         feed, feed_mask = self.unfed, self.unfed_mask
-        tokens, probs = [], []
-        finite = torch.ones((), dtype=torch.bool, device=feed.device)
+        tokens, peaks, probs = [], [], []  # [B] each per drafted token; peaks are checked once, after the loop
         for i in range(k):
             logits = self.cache.forward(feed, feed_mask)[:, -1]  # [B, V]
             if sampling.is_greedy:  # q is a point mass at the argmax: the token says it all
-                token, step_usable = greedy_choice(logits)  # [B], []
+                token, peak = greedy_choice(logits)  # [B], [B]
             else:
-                step_usable = usable(logits)
+                peak = logits.amax(-1)  # [B]
                 step_probs = logits_to_probs(logits, sampling)  # [B, V]
                 token = sample(step_probs, generator)  # [B]
                 probs.append(step_probs)
-            finite &= step_usable
             tokens.append(token)
+            peaks.append(peak)
             self.num_forwards += 1
-            if stop is not None and i < k - 1 and stop(logits.float().softmax(-1)):
+            if stop is not None and i < k - 1 and stop(token, logits):
                 break  # the cache has seen every drafted token but the last, as after a full draft
             feed, feed_mask = token.unsqueeze(1), self.live
         self.proposed = torch.stack(tokens, 1)  # [B, k]
+        finite = finite_peaks(torch.stack(peaks, 1))  # [] no NaN/inf in any draft step's logits
         return Proposal(self.proposed, torch.stack(probs, 1) if probs else None, finite)
 
     def select_rows(self, index: torch.Tensor) -> None:

@@ -19,7 +19,7 @@ from specdec.sampling import SamplingConfig
 from specdec.tree import greedy_tree
 from specdec.types import Proposal, StepOutcome, TreeShape, TreeVerdict, Verdict
 
-StopHook = Callable[[torch.Tensor], bool]  # [B, V] draft distribution of the token just drafted -> stop now?
+StopHook = Callable[[torch.Tensor, torch.Tensor], bool]  # the token just drafted [B], its draft logits [B, V] -> stop now?
 
 
 def count_leading_true(accepted: torch.Tensor) -> torch.Tensor:
@@ -120,9 +120,10 @@ class Drafter:
     their distributions where it has them); ``commit(outcome)`` learns what was kept. A drafter that holds a KV
     cache owns it and rolls it back in ``commit``, its one place to do so.
 
-    ``stop(draft_probs [B, V]) -> bool``, when given, is asked after each drafted token but the last with that
-    token's softmax(draft logits) (before sampling settings); on True the drafter returns the tokens so far (at
-    least one). Drafters without distributions may ignore it.
+    ``stop(token [B], draft_logits [B, V]) -> bool``, when given, is asked after each drafted token but the last
+    with that token and the draft logits it came from (before sampling settings); on True the drafter returns the
+    tokens so far (at least one). The loop stops a draft once every generating row has drafted an EOS, and where
+    the policy ``stops_drafts``. Drafters that draft all tokens at once (n-gram, trees) may ignore it.
 
     A drafter that ``selects_rows`` can keep only some batch rows (``select_rows``): the loop then drops rows
     that finished from the batch. Otherwise finished rows stay in the batch and feed holes. A drafter that

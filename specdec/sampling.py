@@ -75,18 +75,27 @@ def usable(logits: torch.Tensor) -> torch.Tensor:
 
     One reduction over V. A -inf logit alone is fine: it marks a token the model rules out.
     """
-    return torch.isfinite(logits.amax(-1)).all()
+    return finite_peaks(logits.amax(-1))
+
+
+def finite_peaks(peaks: torch.Tensor) -> torch.Tensor:
+    """[...] each row's largest logit -> [] bool: every row is usable (``usable``).
+
+    A NaN or +inf logit makes its row's peak non-finite, and so does a row of -inf; the largest |peak| keeps NaN
+    and inf. Three small ops: a loop collects the peaks of its forwards and checks them once.
+    """
+    return peaks.abs().amax() < math.inf
 
 
 def greedy_choice(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., V] logits -> ([...] argmax, [] ``usable(logits)``) from one pass over V.
+    """[..., V] logits -> ([...] argmax, [...] peak, each row's largest logit) from one pass over V.
 
     ``max(-1)`` gives the first maximum's index, as ``argmax`` does, several times faster on CPU (5x for bfloat16
-    logits). It carries NaN and +inf into the peak it returns, and the peak is -inf only when the whole row is, so
-    the peak alone says whether the row is usable.
+    logits). It carries NaN and +inf into the peak, and the peak is -inf only when the whole row is, so
+    ``finite_peaks(peak)`` says whether the rows were usable.
     """
     peak, choice = logits.max(-1)
-    return choice, torch.isfinite(peak).all()
+    return choice, peak
 
 
 def one_hot_probs(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:

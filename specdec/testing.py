@@ -2,10 +2,9 @@
 
 A strategy is lossless when the tokens it emits are distributed exactly as the target's own (after the sampling
 settings). The check decodes one prompt many times through the real loop (drafter, caches, rollback, several
-steps) with a tiny-vocabulary target, counts each continuation of ``length`` tokens after the first, and compares
-the counts with the exact distribution, enumerated from the target prefix by prefix (V^(length+1) continuations,
-the first token summed out). The first token comes from the prefill's logits with nothing drafted; the tokens after
-it are the speculative steps' (a first step with k = 2 emits up to three: ``length`` 3 covers it).
+steps) with a tiny-vocabulary target, counts each continuation of the first ``length`` tokens, and compares the
+counts with the exact distribution, enumerated from the target prefix by prefix (V^length continuations). Every
+token comes from a speculative step: the first step drafts from the prompt and the prefill verifies it.
 A chi-square goodness-of-fit test gives the p-value: a lossless rule gives p-values spread over [0, 1]; a rule that
 changes the distribution drives p towards 0 as ``samples`` grows. Seeds are fixed, so a verdict is reproducible.
 
@@ -39,7 +38,7 @@ class LosslessReport:
     p_value: float  # chi-square goodness of fit of the emitted continuations to the exact joint distribution
     significance: float
     samples: int
-    length: int  # tokens per continuation compared (those after the first)
+    length: int  # tokens per continuation compared
     acceptance_rate: float  # of the decoding that was checked (near 0 or 1, the check exercises little)
 
     @property
@@ -70,16 +69,9 @@ def exact_joint(target: torch.nn.Module, prompt: list[int], sampling: SamplingCo
     return joint
 
 
-def exact_after_first(target: torch.nn.Module, prompt: list[int], sampling: SamplingConfig, length: int) -> torch.Tensor:
-    """[V ** length] the exact probability of emitted tokens 2..length+1, the first token summed out: what the
-    speculative steps emit after the token the prefill's logits give."""
-    vocab = target.config.vocab_size
-    return exact_joint(target, prompt, sampling, length + 1).view(vocab, -1).sum(0)
-
-
-def continuation_codes(tokens: list[list[int]], length: int, vocab: int, skip: int = 0) -> torch.Tensor:
-    """Each row's ``length`` tokens after the first ``skip`` as one integer in [0, vocab ** length)."""
-    codes = torch.tensor([row[skip:skip + length] for row in tokens])
+def continuation_codes(tokens: list[list[int]], length: int, vocab: int) -> torch.Tensor:
+    """Each row's first ``length`` tokens as one integer in [0, vocab ** length)."""
+    codes = torch.tensor([row[:length] for row in tokens])
     return (codes * vocab ** torch.arange(length - 1, -1, -1)).sum(-1)
 
 
@@ -121,14 +113,13 @@ def check_lossless(
     target = target if target is not None else tiny_model(seed=10, layers=2)
     draft = draft if draft is not None else tiny_model(seed=12, layers=1, init=0.1)
     vocab = target.config.vocab_size
-    if vocab ** (length + 1) > 100_000:
-        raise ValueError(f"vocab ** (length + 1) = {vocab} ** {length + 1} continuations is too many to enumerate; "
+    if vocab ** length > 100_000:
+        raise ValueError(f"vocab ** length = {vocab} ** {length} continuations is too many to enumerate; "
                          f"use a target with a smaller vocabulary or a shorter length")
     drafter = make_drafter(draft, target) if make_drafter is not None else ModelDrafter(draft)
     prompt = list(TEST_PROMPT)
     ids = torch.tensor([prompt]).expand(samples, -1)
-    out = Decoder(target, drafter, strategy, FixedLength(k), sampling).generate(ids, max_new_tokens=length + 1,
-                                                                              seed=seed)
-    p_value = chi_square_p_value(continuation_codes(out.tokens, length, vocab, skip=1),
-                                 exact_after_first(target, prompt, sampling, length))
+    out = Decoder(target, drafter, strategy, FixedLength(k), sampling).generate(ids, max_new_tokens=length, seed=seed)
+    p_value = chi_square_p_value(continuation_codes(out.tokens, length, vocab),
+                                 exact_joint(target, prompt, sampling, length))
     return LosslessReport(p_value, significance, samples, length, out.stats.acceptance_rate)

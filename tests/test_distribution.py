@@ -16,7 +16,7 @@ import specdec
 from specdec.sampling import SamplingConfig, logits_to_probs, sample
 from specdec.interfaces import count_leading_true
 from specdec.strategies import Speculative
-from specdec.testing import chi_square_p_value, continuation_codes, exact_after_first, exact_joint
+from specdec.testing import chi_square_p_value, continuation_codes, exact_joint
 from specdec.types import Verdict
 from conftest import PROMPT, SMALL_VOCAB, tiny_gpt2
 
@@ -122,11 +122,11 @@ def test_speculative_decoding_reproduces_the_target_joint_distribution(small_pai
     sampling, length, batch = SETTINGS[setting], 3, 6000
     ids = torch.tensor([PROMPT]).expand(batch, -1)
     out = specdec.Decoder(target, specdec.ModelDrafter(draft), Speculative(), specdec.FixedLength(2), sampling).generate(
-        ids, max_new_tokens=length + 1, seed=1)
+        ids, max_new_tokens=length, seed=1)
     assert 0.05 < out.stats.acceptance_rate < 0.95  # drafts are both kept and rejected: rollback is exercised
     assert len(out.stats.per_position) == 2 and min(out.stats.per_position) > 0  # both draft positions verified
-    exact = exact_after_first(target, PROMPT, sampling, length)  # the first token is the prefill's
-    assert chi_square_p_value(continuation_codes(out.tokens, length, SMALL_VOCAB, skip=1), exact) > SIGNIFICANCE
+    exact = exact_joint(target, PROMPT, sampling, length)
+    assert chi_square_p_value(continuation_codes(out.tokens, length, SMALL_VOCAB), exact) > SIGNIFICANCE
 
 
 def test_end_to_end_test_rejects_an_always_accept_rule(small_pair):
@@ -134,9 +134,9 @@ def test_end_to_end_test_rejects_an_always_accept_rule(small_pair):
     sampling, length, batch = SETTINGS["t1"], 3, 6000
     ids = torch.tensor([PROMPT]).expand(batch, -1)
     out = specdec.Decoder(target, specdec.ModelDrafter(draft), AlwaysAccept(), specdec.FixedLength(2), sampling).generate(
-        ids, max_new_tokens=length + 1, seed=1)
-    exact = exact_after_first(target, PROMPT, sampling, length)
-    assert chi_square_p_value(continuation_codes(out.tokens, length, SMALL_VOCAB, skip=1), exact) < SIGNIFICANCE
+        ids, max_new_tokens=length, seed=1)
+    exact = exact_joint(target, PROMPT, sampling, length)
+    assert chi_square_p_value(continuation_codes(out.tokens, length, SMALL_VOCAB), exact) < SIGNIFICANCE
 
 
 def test_baseline_sampling_reproduces_the_target_joint_distribution(small_pair):

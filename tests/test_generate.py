@@ -1,5 +1,6 @@
 """The front door: statistics identities, reproducibility, batch equivalence, and every bad input."""
 
+import copy
 import math
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 
 import specdec
 from specdec.decode import NonFiniteLogitsError
-from conftest import left_pad, random_prompts, tiny_gpt2
+from conftest import hf_greedy, left_pad, random_prompts, tiny_gpt2
 
 
 def test_stats_identities(target, draft):
@@ -21,8 +22,8 @@ def test_stats_identities(target, draft):
     assert s.acceptance_rate == s.accepted / s.drafted
     for row, tokens in zip(s.rows, out.tokens):
         assert row.emitted == len(tokens) and row.accepted <= row.drafted
-        # The first call is the prefill, which drafts nothing; so may the last be (one token of budget left).
-        verifications = row.target_calls - 1
+        # Every call verifies drafts, the prefill too; the last may draft nothing (one token of budget left).
+        verifications = row.target_calls
         assert row.position_attempts[0] == verifications - (row.drafted < 4 * verifications)
     first = s.per_position[0]
     assert first == sum(r.position_accepts[0] for r in s.rows) / sum(r.position_attempts[0] for r in s.rows)
@@ -215,19 +216,45 @@ def count_forwards(*models):
     return counts, handles
 
 
-def test_the_first_token_comes_from_the_prefill(target, draft):
+def test_the_prefill_verifies_the_first_draft(target):
     """As in transformers' generate(): n new tokens cost the baseline n target forwards, the prefill's logits giving
-    the first; a call whose first token ends it runs no draft forward beyond the draft's prefill."""
+    the first. As in its assisted generation, the first draft runs from the prompt and the target's prefill
+    verifies it: with draft = target at temperature 0, k + 1 tokens cost one target forward."""
     ids = torch.tensor(random_prompts([7], seed=2))
     counts, handles = count_forwards(target)
     out = specdec.generate(target, ids, max_new_tokens=5)
     for handle in handles:
         handle.remove()
     assert len(out.tokens[0]) == 5 and counts == {0: [5, 5]}
-    first = out.tokens[0][0]
-    counts, handles = count_forwards(target, draft)
-    stopped = specdec.generate(target, ids, draft=draft, k=4, max_new_tokens=20, eos_token_id=first)
+    same_as_target = copy.deepcopy(target)
+    counts, handles = count_forwards(target, same_as_target)
+    speculative = specdec.generate(target, ids, draft=same_as_target, strategy="greedy", k=4, max_new_tokens=5)
     for handle in handles:
         handle.remove()
-    assert stopped.tokens == [[first]] and stopped.stats.target_calls == 1 and stopped.stats.drafted == 0
-    assert counts == {0: [1, 1], 1: [0, 1]}  # the target's prefill with its head; the draft's, body only
+    assert speculative.tokens == out.tokens and speculative.stats.target_calls == 1
+    # One target forward with its head; four draft forwards, and the draft's prefill of the body alone.
+    assert counts == {0: [1, 1], 1: [4, 5]}
+
+
+def first_new_token_at(reference: list[int], start: int) -> int:
+    """The first index from ``start`` whose token does not occur earlier in ``reference``."""
+    return next(i for i in range(start, len(reference)) if reference[i] not in reference[:i])
+
+
+def test_a_draft_stops_once_every_generating_row_has_drafted_an_eos(target):
+    """Nothing drafted after an EOS could be emitted, so the draft stops there (as transformers' assisted generation
+    does). Draft = target at temperature 0: the first draft runs from the prompt to the EOS, not to k."""
+    prompt = random_prompts([6], seed=0)[0]
+    reference = hf_greedy(target, prompt, 20)
+    end = first_new_token_at(reference, 3)  # the EOS: draft position end of the first draft (from 0)
+    eos = reference[end]
+    out = specdec.generate(target, torch.tensor([prompt]), draft=target, strategy="greedy", k=12, max_new_tokens=20,
+                           eos_token_id=eos)
+    assert out.tokens == [reference[: end + 1]] and out.stats.drafted == out.stats.accepted == end + 1
+    # Two rows: the draft goes on while one row has not drafted an EOS; each row still ends at its own EOS.
+    other = random_prompts([8], seed=3)[0]
+    ids, mask = left_pad([prompt, other])
+    both = specdec.generate(target, ids, draft=target, attention_mask=mask, strategy="greedy", k=12,
+                            max_new_tokens=20, eos_token_id=eos)
+    assert both.tokens == [reference[: end + 1], hf_greedy(target, other, 20, eos_token_id=eos)]
+    assert both.stats.rows[0].drafted == 12  # drafted on, for the other row

@@ -11,7 +11,7 @@ import specdec
 from specdec.cache import KVCache
 from specdec.sampling import SamplingConfig, sample
 from specdec.strategies import Speculative
-from specdec.testing import chi_square_p_value, check_lossless, continuation_codes, exact_after_first
+from specdec.testing import chi_square_p_value, check_lossless, continuation_codes, exact_joint
 from specdec.tree import first_accepted_path, greedy_tree, kept_positions, speculative_tree, tree_shape
 from specdec.types import TreeVerdict
 from conftest import PROMPT, SMALL_VOCAB, hf_greedy, left_pad, tiny_gpt2
@@ -87,7 +87,7 @@ def test_k_is_the_depth_a_step_drafts(target):
     out = specdec.generate(target, torch.tensor([[4, 5, 6]]), draft=specdec.TreeDrafter(target, (2, 2, 1)), k=2,
                            max_new_tokens=12)
     assert len(out.stats.per_position) == 2  # two of the three levels
-    verifications = out.stats.target_calls - 1  # the first call is the prefill
+    verifications = out.stats.target_calls  # the first, with the prefill, verifies a tree too
     # 6 nodes per step (2 + 4), but the last step may draft fewer levels (the budget bounds k)
     assert 6 * (verifications - 1) < out.stats.drafted <= 6 * verifications
 
@@ -212,9 +212,9 @@ def tree_p_value(target, draft, strategy, branching, sampling, samples=6000, len
     ids = torch.tensor([PROMPT]).expand(samples, -1)
     decoder = specdec.Decoder(target, specdec.TreeDrafter(draft, branching), strategy, specdec.FixedLength(3),
                               sampling)
-    out = decoder.generate(ids, max_new_tokens=length + 1, seed=1)  # the first token is the prefill's
-    exact = exact_after_first(target, PROMPT, sampling, length)
-    return chi_square_p_value(continuation_codes(out.tokens, length, SMALL_VOCAB, skip=1), exact), out.stats
+    out = decoder.generate(ids, max_new_tokens=length, seed=1)
+    exact = exact_joint(target, PROMPT, sampling, length)
+    return chi_square_p_value(continuation_codes(out.tokens, length, SMALL_VOCAB), exact), out.stats
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
