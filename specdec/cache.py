@@ -113,15 +113,16 @@ class KVCache:
             self.mask = torch.ones(self.mask.shape[0], self.num_slots, dtype=torch.long, device=self.mask.device)
             self.dense = False
 
-    def forward(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> torch.Tensor:
-        """Feed [B, n] tokens (input_mask 0 marks holes) and return their [B, n, V] logits.
+    def forward(self, input_ids: torch.Tensor, input_mask: torch.Tensor, num_logits: int = 0) -> torch.Tensor:
+        """Feed [B, n] tokens (input_mask 0 marks holes) and return their [B, n, V] logits, or with ``num_logits``
+        m > 0 those of the last m columns only (the head runs on those).
 
         The new slots count as committed until ``keep`` says otherwise. Under CUDA graphs the logits live in the
         graph's output buffer: use them before this cache's next forward.
         """
         if self.marks_cuda_graph_steps:
             torch.compiler.cudagraph_mark_step_begin()  # earlier outputs of this graph may now be overwritten
-        return self.feed(self.run_model, input_ids, input_mask).logits
+        return self.feed(self.run_model, input_ids, input_mask, logits_to_keep=num_logits).logits
 
     def take_pooled(self, batch_size: int, capacity: int, device: torch.device) -> None:
         """Use the pooled static cache of this model, role and batch size, emptied, if it has ``capacity`` slots;

@@ -231,6 +231,7 @@ class DecodeRun:
     def __init__(self, decoder: Decoder, input_ids, attention_mask, max_new_tokens: int, eos_ids, seed: int):
         self.decoder, self.input_ids, self.attention_mask = decoder, input_ids, attention_mask
         self.max_new_tokens, self.eos_ids = max_new_tokens, eos_ids
+        self.eos_id_set = set(eos_ids.tolist()) if eos_ids is not None else set()
         device = input_ids.device
         batch_size = input_ids.shape[0]
         self.generator = torch.Generator(device=device).manual_seed(seed)
@@ -344,18 +345,24 @@ class DecodeRun:
     def draft_stop(self) -> StopHook | None:
         """When to stop this step's draft early: once every generating row has drafted an EOS (no draft after it
         could be emitted, as in transformers' assisted generation), or when a policy that ``stops_drafts`` says so.
-        Either costs a host read per drafted token."""
+        Either costs a host read per drafted token: a single row (which generates, or the call would have ended)
+        reads its token and looks it up on the host."""
         policy, active = self.decoder.draft_length, self.rows.active  # [B'] the policy ignores rows not generating
         if self.eos_ids is None and not policy.stops_drafts:
             return None
         done = ~active  # [B'] rows whose draft has reached an EOS, or that do not generate
+        one_row = active.shape[0] == 1
+
+        def drafted_eos_everywhere(token: torch.Tensor) -> bool:
+            nonlocal done
+            if one_row:
+                return token.item() in self.eos_id_set
+            done = done | torch.isin(token, self.eos_ids)  # [B']
+            return bool(done.all())
 
         def stop(token: torch.Tensor, logits: torch.Tensor) -> bool:
-            nonlocal done
-            if self.eos_ids is not None:
-                done = done | torch.isin(token, self.eos_ids)  # [B']
-                if bool(done.all()):
-                    return True
+            if self.eos_ids is not None and drafted_eos_everywhere(token):
+                return True
             return policy.stops_drafts and policy.should_stop(logits.float().softmax(-1), active)
         return stop
 
@@ -466,23 +473,27 @@ class DecodeRun:
         target_usable: torch.Tensor,
     ) -> HostSync:
         """Copy the step's scalars to the host at once, and refuse to go on from unusable logits. ``kept_or_idle``
-        [B'] is num_accepted, -1 for rows that fed holes (their verdicts mean nothing)."""
-        rows = self.rows
-        scalars = {"remaining_max": rows.remaining.max(), "target_ok": target_usable, "num_active": rows.active.sum()}
+        [B'] is num_accepted, -1 for rows that fed holes (their verdicts mean nothing). Over a single row each
+        minimum is the maximum, and the row is active exactly while it has budget left.
+        """
+        rows, several = self.rows, len(self.rows.original) > 1
+        scalars = {"remaining_max": rows.remaining.max(), "target_ok": target_usable}
+        if several:
+            scalars["num_active"] = rows.active.sum()
         if self.room_binds:
             scalars["room_min"] = torch.where(rows.active, rows.room - rows.emitted, self.limit).min()
         if k:
-            scalars.update(
-                max_accepted=kept_or_idle.max(),
-                min_accepted=kept_or_idle.masked_fill(kept_or_idle < 0, k).min(),
-                max_new=num_new.max(),
-                min_new=num_new.min(),
-            )
+            scalars.update(max_accepted=kept_or_idle.max(), max_new=num_new.max())
+            if several:
+                scalars.update(min_accepted=kept_or_idle.masked_fill(kept_or_idle < 0, k).min(), min_new=num_new.min())
             if proposal.finite is not None:
                 scalars["drafts_ok"] = proposal.finite
         values = {"room_min": self.k_max, "max_accepted": 0, "min_accepted": 0, "drafts_ok": True, "max_new": 1,
                   "min_new": 1}
         values.update(zip(scalars, torch.stack(list(scalars.values())).tolist()))
+        if not several:
+            values.update(num_active=int(values["remaining_max"] > 0), min_accepted=values["max_accepted"],
+                          min_new=values["max_new"])
         if not values["drafts_ok"]:
             raise NonFiniteLogitsError("the draft model produced NaN/inf logits; refusing to emit tokens from them")
         if not values["target_ok"]:

@@ -59,7 +59,7 @@ class ModelDrafter(Drafter):
         feed, feed_mask = self.unfed, self.unfed_mask
         tokens, peaks, probs = [], [], []  # [B] each per drafted token; peaks are checked once, after the loop
         for i in range(k):
-            logits = self.cache.forward(feed, feed_mask)[:, -1]  # [B, V]
+            logits = self.cache.forward(feed, feed_mask, num_logits=1)[:, -1]  # [B, V]: the queue's last token
             if sampling.is_greedy:  # q is a point mass at the argmax: the token says it all
                 token, peak = greedy_choice(logits)  # [B], [B]
             else:
@@ -98,7 +98,7 @@ class ModelDrafter(Drafter):
         if outcome.max_accepted == k:  # rows that kept every draft must still feed draft k
             kept_all = (outcome.num_accepted == k).long().unsqueeze(1)  # [B, 1]
             self.unfed = torch.cat([self.proposed[:, -1:], next_token], 1)  # [B, 2]
-            self.unfed_mask = torch.cat([kept_all, torch.ones_like(next_token)], 1) * self.live
+            self.unfed_mask = torch.cat([kept_all * self.live, self.live], 1)  # [B, 2]
 
 
 class NoDrafter(Drafter):
