@@ -159,11 +159,12 @@ def run_interleaved(pair: Pair, methods: dict, prompts, max_new_tokens: int, clo
 
 
 def comparison_table(pair: Pair, ks: list[int], temperatures: list[float], max_new_tokens: int, clock: Clock,
-                     compiled: bool = False) -> list[dict]:
+                     compiled: bool = False, rounds: int = 1) -> list[dict]:
     """Ours (eager; with ``compiled`` also compiled) against transformers' generate() and assisted generation, at
-    the same algorithm and at transformers' defaults, every method interleaved per prompt."""
+    the same algorithm and at transformers' defaults, every method interleaved per prompt; each prompt is decoded
+    ``rounds`` times per method (prompt by prompt, round after round)."""
     rows = []
-    prompts = [[p] for p in pair.prompts]
+    prompts = [[p] for p in pair.prompts] * rounds
     for temperature in temperatures:
         for k in ks:
             methods = {
@@ -315,7 +316,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="embedded", help="a load_pair preset: embedded, gpt2-xl-shaped, ...")
-    parser.add_argument("--prompts", type=positive_int, default=8, help="prompts per configuration")
+    parser.add_argument("--prompts", type=positive_int, default=24, help="prompts per configuration")
+    parser.add_argument("--rounds", type=positive_int, default=1,
+                        help="times each prompt is decoded per method in the comparison with transformers")
     parser.add_argument("--max-new-tokens", type=positive_int, default=64)
     parser.add_argument("--ks", type=positive_ints, default="1,2,3,4,5,6,7,8", help="draft lengths to compare")
     parser.add_argument("--temperatures", type=temperatures, default="0,1", help="sampling temperatures to compare")
@@ -338,7 +341,8 @@ def main(argv=None) -> None:
     pair = load_bench_pair(args.pair, args.prompts, args.device, args.dtype)
     clock = Clock(pair.target.device)
     device = f"{pair.target.device} {next(pair.target.parameters()).dtype}, torch threads {torch.get_num_threads()}"
-    sections = [f"# specdec benchmark: {pair.name}\n\n{device}; {args.prompts} prompts x {args.max_new_tokens} new tokens"]
+    sections = [f"# specdec benchmark: {pair.name}\n\n{device}; {args.prompts} prompts x {args.max_new_tokens} new tokens, "
+                f"{args.rounds} round(s) in the comparison"]
 
     profile = cost_profile(pair, clock, args.repeats)
     sections.append("## Cost profile (ms per forward, batch 1)\n\n" + markdown([profile]))
@@ -349,7 +353,8 @@ def main(argv=None) -> None:
         print(sections[-1], flush=True)
     if not args.skip_comparison:
         with torch.no_grad():
-            rows = comparison_table(pair, args.ks, args.temperatures, args.max_new_tokens, clock, args.compiled)
+            rows = comparison_table(pair, args.ks, args.temperatures, args.max_new_tokens, clock, args.compiled,
+                                    args.rounds)
         summary = baseline_summary(rows)
         sections.append("## Ours vs transformers (tokens/s, batch 1)\n\n" + markdown(rows) + "\n\n" + summary)
         print(summary, flush=True)

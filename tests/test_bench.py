@@ -199,3 +199,19 @@ def test_shapes_bench_redraws_its_plots_from_its_own_markdown(tmp_path):
     assert shapes_bench.curves_from_markdown(shapes_md.read_text()) == rows
     shapes_bench.main(["--plot-from", str(shapes_md)])
     assert (tmp_path / "speedup_compiled.png").stat().st_size > 10_000
+
+
+def test_comparison_rounds_decode_every_prompt_that_many_times_per_method(monkeypatch):
+    pair = tiny_pair()
+    decoded = []
+    original = bench.ours
+
+    def counting(pair, k, temperature, max_new_tokens, batch, seed, *args, **kwargs):
+        decoded.append((k, tuple(batch[0])))
+        return original(pair, k, temperature, max_new_tokens, batch, seed, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "ours", counting)
+    bench.comparison_table(pair, ks=[2], temperatures=[0.0], max_new_tokens=6, clock=TickingClock(), rounds=3)
+    speculative = [prompt for k, prompt in decoded if k == 2]
+    # One warm-up decode, then every prompt three times.
+    assert sorted(speculative[1:]) == sorted([tuple(p) for p in pair.prompts] * 3)
