@@ -206,7 +206,7 @@ def speculative_curves(pair, mode: str, acceptances, ks, args, clock, profile_pr
     acceptance are interleaved per prompt, order rotating.
 
     Two measured speedups: end to end (tokens/s, prefill included) and of the decode phase (the time per token after
-    each call's first, which the prefill gives), the one the predictions model. The costs a prediction uses (draft
+    each call's first step, whose target forward is the prefill), the one the predictions model. The costs a prediction uses (draft
     step, target step, verify of k + 1) are measured just before that k's runs, so a machine whose speed drifts
     over the sweep moves prediction and measurement together.
     """
@@ -235,7 +235,7 @@ def speculative_curves(pair, mode: str, acceptances, ks, args, clock, profile_pr
                                               index)
                 tokens[name] += sum(map(len, out.tokens))
                 seconds[name] += elapsed
-                decode_tokens[name] += out.stats.emitted - len(out.tokens)  # each row's first comes from the prefill
+                decode_tokens[name] += out.stats.decode_tokens  # those after the first step (the prefill's)
                 decode_seconds[name] += out.stats.wall_seconds - out.stats.ttft_seconds
                 # Per-position acceptance, pooled: accepted drafts over drafts verified (a draft after a rejection
                 # is never verified), the estimator of the alpha the synthetic rule is set to.

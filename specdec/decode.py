@@ -279,6 +279,7 @@ class DecodeRun:
         # assisted generation.
         sync = self.step(self.next_k(*self.first_bounds()), first=True)
         ttft = self.clock.now() - start
+        self.first_step_emitted = self.rows.emitted.sum()  # [] read at the end
         while sync.remaining_max > 0:
             sync = self.step(self.next_k(sync.remaining_max, sync.room_min))
         return self.finish(self.clock.now() - start, ttft)
@@ -549,6 +550,7 @@ class DecodeRun:
             target_seconds=self.target_seconds,
             wall_seconds=wall,
             ttft_seconds=ttft,
+            first_step_emitted=int(self.first_step_emitted),
             draft_step_seconds=self.draft_step_seconds,
             target_step_seconds=self.target_step_seconds,
             expected_overlap_sum=overlap_sum,

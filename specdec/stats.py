@@ -54,7 +54,8 @@ class DecodeStats:
     draft_seconds: float  # drafting, draft prefill included
     target_seconds: float  # target forwards, prefill included
     wall_seconds: float
-    ttft_seconds: float  # start of the call to the first emitted token
+    ttft_seconds: float  # start of the call to the end of the first step, which emits the first tokens
+    first_step_emitted: int  # tokens the first step emitted, over all rows
     draft_step_seconds: float  # draft_seconds less the draft prefill
     target_step_seconds: float  # target_seconds less the target prefill
     expected_overlap_sum: float = 0.0  # sum over verified positions of sum_x min(q, p)
@@ -104,9 +105,14 @@ class DecodeStats:
         return ratio(ratio(self.draft_step_seconds, self.draft_forwards), ratio(self.target_step_seconds, self.target_forwards))
 
     @property
+    def decode_tokens(self) -> int:
+        """Tokens emitted after the first step (the decode phase, after the prefill's), over all rows."""
+        return self.emitted - self.first_step_emitted
+
+    @property
     def itl_seconds(self) -> float:
-        """Mean time between a row's tokens after its first."""
-        tokens_after_first = self.emitted / len(self.rows) - 1
+        """Mean time a row waits per token after the first step (tokens of one step arrive together)."""
+        tokens_after_first = self.decode_tokens / len(self.rows)
         return ratio(self.wall_seconds - self.ttft_seconds, tokens_after_first) if tokens_after_first > 0 else math.nan
 
 

@@ -226,12 +226,15 @@ def test_the_prefill_verifies_the_first_draft(target):
     for handle in handles:
         handle.remove()
     assert len(out.tokens[0]) == 5 and counts == {0: [5, 5]}
+    assert (out.stats.first_step_emitted, out.stats.decode_tokens) == (1, 4) and out.stats.itl_seconds > 0
     same_as_target = copy.deepcopy(target)
     counts, handles = count_forwards(target, same_as_target)
     speculative = specdec.generate(target, ids, draft=same_as_target, strategy="greedy", k=4, max_new_tokens=5)
     for handle in handles:
         handle.remove()
     assert speculative.tokens == out.tokens and speculative.stats.target_calls == 1
+    assert (speculative.stats.first_step_emitted, speculative.stats.decode_tokens) == (5, 0)
+    assert math.isnan(speculative.stats.itl_seconds)  # no token after the first step
     # One target forward with its head; four draft forwards, and the draft's prefill of the body alone.
     assert counts == {0: [1, 1], 1: [4, 5]}
 
