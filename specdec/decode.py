@@ -2,12 +2,14 @@
 
 Each step: the drafter proposes k tokens; the target scores the last emitted token and the k drafts in one
 forward pass; the acceptance strategy keeps n of them and picks the next token; the target cache (owned here)
-and the draft cache (owned by the drafter) roll back to the kept prefix. With ``NoDrafter`` k is always 0 and the
-step is a plain decode step, so baseline and speculative runs share every cost but speculation.
+and the draft cache (owned by the drafter) roll back to the kept prefix. The first step's target forward is the
+prefill: the whole prompt, then the drafts. With ``NoDrafter`` k is always 0 and the step is a plain decode step,
+so baseline and speculative runs share every cost but speculation.
 
-``DecodeRun.step`` runs one step in nine phases, one method each: propose, verify, judge, count, emit, sync the
-host, roll back the target cache, notify the drafter and the policy, retire finished rows. The host sync is the
-step's only one: a handful of scalars (``HostSync``) that decide termination, rollback lengths and the next k.
+``DecodeRun.step`` runs one step in nine phases, one method each: propose, verify, judge, log, emit, sync the
+host, roll back the target cache, notify the drafter and the policy, retire finished rows. The host sync is one
+copy of a handful of scalars (``HostSync``) that decide termination, rollback lengths and the next k; the only
+other host reads are the drafted tokens, where EOS ids may stop a draft.
 Per-row state lives in one ``Rows`` object; rows that finish leave the batch (``retire_finished``), and the
 forwards then run over the rows still generating.
 """
@@ -249,7 +251,7 @@ class DecodeRun:
             remaining=room.clamp(max=max_new_tokens),
             active=torch.ones(batch_size, dtype=torch.bool, device=device),
             room=room,
-            pending=input_ids[:, -1],  # replaced by the first step, whose logits come from the prefill
+            pending=input_ids[:, -1],  # the first step feeds it with the rest of the prompt
             no_drafts=zeros.unsqueeze(1)[:, :0],
             none_accepted=zeros,
         )

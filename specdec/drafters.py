@@ -59,7 +59,7 @@ class ModelDrafter(Drafter):
         feed, feed_mask = self.unfed, self.unfed_mask
         tokens, peaks, probs = [], [], []  # [B] each per drafted token; peaks are checked once, after the loop
         for i in range(k):
-            logits = self.cache.forward(feed, feed_mask, num_logits=1)[:, -1]  # [B, V]: the queue's last token
+            logits = self.cache.forward(feed, feed_mask)[:, -1]  # [B, V]
             if sampling.is_greedy:  # q is a point mass at the argmax: the token says it all
                 token, peak = greedy_choice(logits)  # [B], [B]
             else:
