@@ -117,6 +117,15 @@ HF_ASSISTANT_SETTINGS = {
 }
 
 
+def transformers_best_options(model: torch.nn.Module) -> dict:
+    """Keyword arguments that put transformers' generate() at its best on the model's device and dtype. On CPU in
+    bfloat16 its default logits_to_keep=1 slices a view whose batch stride sends the head's matmul down a path ~40x
+    slower (torch 2.13), in every prefill; logits_to_keep=0 (the head on every prompt position) gives the same
+    tokens 8% faster on the embedded pair's prompts. Elsewhere its defaults are its best."""
+    weight = next(model.parameters())
+    return {"logits_to_keep": 0} if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 else {}
+
+
 def transformers_generate(pair: Pair, k: int | None, temperature: float, max_new_tokens: int, batch, seed: int,
                           assistant_setting: str = "same_algorithm"):
     ids = torch.tensor(batch, device=pair.target.device)
@@ -128,7 +137,8 @@ def transformers_generate(pair: Pair, k: int | None, temperature: float, max_new
         assistant = dict(assistant_model=pair.draft)
     torch.manual_seed(seed)
     out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                               eos_token_id=pair.eos_token_id, pad_token_id=pair.eos_token_id or 0, **sampling, **assistant)
+                               eos_token_id=pair.eos_token_id, pad_token_id=pair.eos_token_id or 0, **sampling, **assistant,
+                               **transformers_best_options(pair.target))
     return [out[0, ids.shape[1]:].tolist()]
 
 

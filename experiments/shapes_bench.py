@@ -27,7 +27,7 @@ import torch
 import transformers
 
 import specdec
-from experiments.bench import HF_ASSISTANT_SETTINGS, markdown, positive_int, positive_ints
+from experiments.bench import HF_ASSISTANT_SETTINGS, markdown, positive_int, positive_ints, transformers_best_options
 from specdec import Clock
 from specdec.profile import time_forwards
 
@@ -279,7 +279,8 @@ def transformers_comparison(pair, ks, args, clock) -> list[dict]:
                 setattr(pair.draft.generation_config, key, value)
             assistant = dict(assistant_model=pair.draft)
         out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
-                                   min_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=0, **assistant)
+                                   min_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=0, **assistant,
+                                   **transformers_best_options(pair.target))
         return out[0, ids.shape[1]:].tolist()
 
     rows = []

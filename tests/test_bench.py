@@ -215,3 +215,18 @@ def test_comparison_rounds_decode_every_prompt_that_many_times_per_method(monkey
     speculative = [prompt for k, prompt in decoded if k == 2]
     # One warm-up decode, then every prompt three times.
     assert sorted(speculative[1:]) == sorted([tuple(p) for p in pair.prompts] * 3)
+
+
+def test_transformers_runs_without_the_slow_bf16_cpu_head_slice_and_gives_the_same_tokens():
+    """On CPU in bfloat16 transformers' generate() gets logits_to_keep=0 (its integer slice hits a slow matmul);
+    the tokens are the ones its default gives."""
+    pair = tiny_pair()
+    assert bench.transformers_best_options(pair.target) == {}  # float64: its defaults
+    bf16 = bench.Pair("tiny-bf16", pair.draft.to(torch.bfloat16), pair.target.to(torch.bfloat16), pair.prompts, None,
+                      True)
+    assert bench.transformers_best_options(bf16.target) == {"logits_to_keep": 0}
+    ids = torch.tensor([bf16.prompts[0]])
+    default = bf16.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                                   pad_token_id=0)
+    for k in (None, 3):
+        assert bench.transformers_generate(bf16, k, 0.0, 8, [bf16.prompts[0]], 0) == [default[0, ids.shape[1]:].tolist()]
