@@ -24,7 +24,7 @@ StopHook = Callable[[torch.Tensor, torch.Tensor], bool]  # the token just drafte
 
 def count_leading_true(accepted: torch.Tensor) -> torch.Tensor:
     """[B, k] bool -> [B] long: length of the all-True prefix of each row."""
-    return accepted.long().cumprod(-1).sum(-1)
+    return accepted.cumprod(-1).sum(-1)  # cumprod of bool is long
 
 
 def greedy_verdict(draft_tokens: torch.Tensor, target_choice: torch.Tensor) -> Verdict:
