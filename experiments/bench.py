@@ -83,6 +83,8 @@ class Tally:
     tokens: int = 0
     seconds: float = 0.0
     forward_seconds: float = 0.0
+    warmup_seconds: float = 0.0  # untimed warm-up calls (a compiled method's compilation happens there)
+    compilations_while_timed: int = 0  # frames compiled during the run's timed calls, all methods together
     outputs: list = field(default_factory=list)
 
     @property
@@ -143,12 +145,19 @@ def transformers_generate(pair: Pair, k: int | None, temperature: float, max_new
 
 
 def run_interleaved(pair: Pair, methods: dict, prompts, max_new_tokens: int, clock: Clock) -> dict:
-    """Run every method on every prompt, rotating the order per prompt; one warm-up round first. Methods named
-    ``*_compiled`` run without the forward hooks (compiled code would trace them), so their overhead is NaN."""
+    """Run every method on every prompt, rotating the order per prompt, after a warm-up: one call per method, and
+    for methods named ``*_compiled`` one call per distinct prompt (each new width or draft shape may compile), so
+    no compilation falls in the timed calls (``compilations_while_timed`` counts any that still do). Compiled
+    methods run without the forward hooks (compiled code would trace them), so their overhead is NaN."""
     tallies = {name: Tally() for name in methods}
     names = list(methods)
+    distinct = list({repr(prompt): prompt for prompt in prompts}.values())
     for name in names:
-        methods[name](prompts[0], 0)
+        start = clock.now()
+        for i, prompt in enumerate(distinct if str(name).endswith("_compiled") else distinct[:1]):
+            methods[name](prompt, i)
+        tallies[name].warmup_seconds = clock.now() - start
+    compiled_before = compilations()
     for i, prompt in enumerate(prompts):
         for name in names[i % len(names):] + names[: i % len(names)]:
             hooked = not str(name).endswith("_compiled")
@@ -165,7 +174,16 @@ def run_interleaved(pair: Pair, methods: dict, prompts, max_new_tokens: int, clo
             else:
                 tally.forward_seconds = math.nan
             tally.outputs.append(tokens)
+    for tally in tallies.values():
+        tally.compilations_while_timed = compilations() - compiled_before
     return tallies
+
+
+def compilations() -> int:
+    """Frames torch.compile has compiled in this process so far (dynamo's own counter)."""
+    from torch._dynamo.utils import counters  # imported on use: loading dynamo costs a second
+
+    return counters["frames"]["ok"]
 
 
 def comparison_table(pair: Pair, ks: list[int], temperatures: list[float], max_new_tokens: int, clock: Clock,
@@ -205,6 +223,10 @@ def comparison_table(pair: Pair, ks: list[int], temperatures: list[float], max_n
                                                           / tallies["hf_assisted"].tokens_per_s, 2),
                     "compiled_spec_speedup": round(tallies["ours_speculative_compiled"].tokens_per_s
                                                    / tallies["ours_baseline_compiled"].tokens_per_s, 2)}
+                   if compiled else {}),
+                **({"compiled_warmup_s": round(tallies["ours_baseline_compiled"].warmup_seconds
+                                               + tallies["ours_speculative_compiled"].warmup_seconds, 1),
+                    "compilations_while_timed": tallies["ours_speculative_compiled"].compilations_while_timed}
                    if compiled else {}),
                 "identical_tokens": all(o == outputs[0] for o in outputs) if temperature == 0 else "n/a (sampled)",
             })

@@ -230,3 +230,37 @@ def test_transformers_runs_without_the_slow_bf16_cpu_head_slice_and_gives_the_sa
                                    pad_token_id=0)
     for k in (None, 3):
         assert bench.transformers_generate(bf16, k, 0.0, 8, [bf16.prompts[0]], 0) == [default[0, ids.shape[1]:].tolist()]
+
+
+def test_compiled_methods_warm_up_on_every_distinct_prompt_so_no_compilation_is_timed():
+    """A compiled method meets a new shape with each prompt width; the warm-up covers every distinct prompt (eager
+    methods: the first only), so the timed calls compile nothing, and the count says so."""
+    pair = tiny_pair()
+    torch._dynamo.reset()
+    doubled = torch.compile(lambda x: x * 2)
+    calls = {"ours_compiled": [], "ours": []}
+
+    def method(name):
+        def decode(batch, seed):
+            calls[name].append(len(batch[0]))
+            return [doubled(torch.tensor(batch[0])).tolist()]
+        return decode
+
+    prompts = [[p] for p in pair.prompts] * 2  # widths 5, 7, 6, twice
+    tallies = bench.run_interleaved(pair, {name: method(name) for name in calls}, prompts, 4, TickingClock())
+    assert calls["ours_compiled"][:3] == [5, 7, 6] and calls["ours"][:1] == [5]
+    assert len(calls["ours_compiled"]) == 3 + 6 and len(calls["ours"]) == 1 + 6
+    assert tallies["ours_compiled"].compilations_while_timed == 0
+    assert tallies["ours_compiled"].warmup_seconds == 1  # one clock tick around its three warm-up calls
+
+
+def test_a_compilation_in_the_timed_calls_is_counted():
+    torch._dynamo.reset()
+    doubled = torch.compile(lambda x: x * 2)
+    widths = iter([3, 3, 4])  # the warm-up sees width 3; a timed call meets width 4
+
+    def decode(batch, seed):
+        return [doubled(torch.ones(next(widths))).tolist()]
+
+    tallies = bench.run_interleaved(tiny_pair(), {"ours_compiled": decode}, [[[1]], [[1]]], 4, TickingClock())
+    assert tallies["ours_compiled"].compilations_while_timed == 1
