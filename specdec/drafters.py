@@ -24,6 +24,18 @@ class ModelDrafter(Drafter):
     """Drafts autoregressively with a small causal LM that shares the target's vocabulary."""
 
     name = "model"
+    needs_pair = True
+
+    @classmethod
+    def from_pair(cls, pair, compile: bool = False, **options) -> "ModelDrafter":
+        cls.check_options(compile=compile, **options)
+        return cls(pair.draft, compile=compile, **options)
+
+    @classmethod
+    def check_options(cls, compile: bool = False, **options) -> None:
+        unknown = set(options) - {"label", "cache_layout"}
+        if unknown:
+            raise TypeError(f"ModelDrafter got unknown options {sorted(unknown)}; it takes label and cache_layout")
 
     def __init__(
         self, model: torch.nn.Module, label: str = "draft", cache_layout: str = "dynamic", compile: bool = False
@@ -134,11 +146,26 @@ class TreeDrafter(Drafter):
     name = "tree"
     selects_rows = True
     drafts_trees = True
+    needs_pair = True
+
+    @classmethod
+    def from_pair(cls, pair, compile: bool = False, **options) -> "TreeDrafter":
+        cls.check_options(compile=compile, **options)
+        return cls(pair.draft, **options)
+
+    @classmethod
+    def check_options(cls, compile: bool = False, branching=(2, 2, 1, 1), **options) -> None:
+        unknown = set(options) - {"label"}
+        if unknown:
+            raise TypeError(f"TreeDrafter got unknown options {sorted(unknown)}; it takes branching and label")
+        tree_shape(tuple(branching) if isinstance(branching, (list, tuple)) else branching)
+        if compile:
+            raise ValueError("token trees run eager on the dynamic cache layout: compile=true cannot draft trees")
 
     def __init__(self, model: torch.nn.Module, branching=(2, 2, 1, 1), label: str = "draft"):
         self.model = model
         self.label = label
-        self.shape = tree_shape(tuple(branching))
+        self.shape = tree_shape(tuple(branching) if isinstance(branching, (list, tuple)) else branching)
         self.num_forwards = 0
 
     def models(self) -> list[torch.nn.Module]:

@@ -79,6 +79,18 @@ class EarlyExitDrafter(ModelDrafter):
 
     name = "early_exit"
 
+    @classmethod
+    def from_pair(cls, pair, compile: bool = False, **options) -> "EarlyExitDrafter":
+        cls.check_options(compile=compile, **options)
+        return cls(pair.target, **options)
+
+    @classmethod
+    def check_options(cls, compile: bool = False, num_layers=None, **options) -> None:
+        if options:
+            raise TypeError(f"EarlyExitDrafter got unknown options {sorted(options)}; it takes num_layers")
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"num_layers must be an integer >= 1 (and at most the target's layers), got {num_layers!r}")
+
     def __init__(self, target: torch.nn.Module, num_layers: int):
         self.target = target
         self.num_layers = num_layers

@@ -135,6 +135,22 @@ class Drafter:
     num_forwards: int = 0  # draft forward passes since ``start`` (for the cost ratio)
     selects_rows: bool = False
     drafts_trees: bool = False
+    needs_pair: bool = False  # built from a loaded model pair (``from_pair``), not from its options alone
+
+    @classmethod
+    def from_pair(cls, pair, compile: bool = False, **options) -> "Drafter":
+        """The factory the experiment configs name: this drafter for a loaded ``pair`` (``specdec.ModelPair``:
+        draft, target, tokenizer) with the run's ``compile`` switch and the config's options. By default the
+        drafter takes its options alone."""
+        cls.check_options(compile=compile, **options)
+        return cls(**options)
+
+    @classmethod
+    def check_options(cls, compile: bool = False, **options) -> None:
+        """Refuse bad options before any model loads (ValueError / TypeError naming the option). By default a
+        drafter that needs no pair is built once and dropped; one that needs a pair checks nothing here."""
+        if not cls.needs_pair:
+            cls(**options)
 
     def models(self) -> list[torch.nn.Module]:
         """The models it runs, checked by the loop like the target (eval mode, context limit)."""

@@ -19,19 +19,28 @@ adaptive policy's) a shallower one, and per-position statistics are per depth. T
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
 from specdec.sampling import sample
 from specdec.types import TreeShape, TreeVerdict
 
+MAX_TREE_NODES = 1024  # nodes one verification may hold (Sequoia's largest trees hold 768)
+
 
 @functools.lru_cache(maxsize=None)
 def tree_shape(branching: tuple[int, ...]) -> TreeShape:
     """The static tree where each node at depth i - 1 has ``branching[i - 1]`` children."""
-    if not branching or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in branching):
+    if (not isinstance(branching, tuple) or not branching
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in branching)):
+        shown = list(branching) if isinstance(branching, tuple) else branching
         raise ValueError(f"branching must be a non-empty list of integers >= 1 (children per node at each depth, "
-                         f"e.g. [2, 2, 1]), got {list(branching)!r}")
+                         f"e.g. [2, 2, 1]), got {shown!r}")
+    num_nodes = sum(math.prod(branching[:depth]) for depth in range(1, len(branching) + 1))
+    if num_nodes > MAX_TREE_NODES:
+        raise ValueError(f"branching {list(branching)} makes a tree of {num_nodes} nodes; at most {MAX_TREE_NODES} "
+                         f"are verified in one target forward")
     parent, depth = [], []
     level = [0]  # positions of the previous level; the root is position 0
     for d, b in enumerate(branching, start=1):
