@@ -8,7 +8,8 @@
 
 from specdec.api import generate
 from specdec.batching import left_pad
-from specdec.decode import Decoder, GenerationOutput, NonFiniteLogitsError
+from specdec.api import Decoder
+from specdec.emit import GenerationOutput, NonFiniteLogitsError, StrategyVerdictError
 from specdec.drafters import ModelDrafter, NoDrafter, TreeDrafter
 from specdec.early_exit import EarlyExitDrafter
 from specdec.models import ModelPair, ModelUnavailableError, load_pair, resolve_device, resolve_dtype
@@ -20,7 +21,8 @@ from specdec.stats import DecodeStats, RowStats, predicted_speedup
 from specdec.strategies import STRATEGIES, Greedy, Speculative, SyntheticAcceptance, TopK, Typical, make_strategy
 from specdec.timing import Clock
 from specdec.interfaces import AcceptanceStrategy, Drafter, DraftLengthPolicy
-from specdec.types import Proposal, StepOutcome, Verdict
+from specdec.layout import Proposal
+from specdec.types import StepOutcome, Verdict
 
 __all__ = [
     "generate",
@@ -35,6 +37,7 @@ __all__ = [
     "Decoder",
     "GenerationOutput",
     "NonFiniteLogitsError",
+    "StrategyVerdictError",
     "StepOutcome",
     "Drafter",
     "ModelDrafter",

@@ -1,117 +1,199 @@
-"""A model's KV cache and the mask that says which of its slots hold committed tokens.
+"""KV caches, and the object that owns a model's forward and the buffers its caches reuse (``CachedModel``).
 
-Rows of a batch accept different numbers of drafts, but a Hugging Face cache has one length for all rows. So
-rollback is masking: rejected slots stay in the cache as holes (attention mask 0) and positions are counted from
-the mask, so the model sees exactly the committed tokens of each row. Slots rejected by *every* row are cropped
-off the tail, so batch size 1 never keeps a hole. Left padding of ragged prompts is the same kind of hole. When
-holes outnumber the committed slots of the fullest row, ``compact`` gathers every row's committed slots together.
+Every cache has the same two operations. ``feed`` runs the model on a step's tokens and writes their keys and values
+into the step's *region* (the slots fed since the last ``keep``); each fed token attends the committed slots and,
+inside the region, the valid tokens its row of ``attend`` names (a causal run by default, ``TreeFeed`` for a token
+tree). ``keep(kept)`` ends the step, the one rollback: of the region, the slots where ``kept`` holds join the
+committed slots in order; the rest are forgotten. A token fed with ``valid`` 0 is a *hole*: nobody attends it and it
+is never kept (left padding, rows that stopped generating, a drafter's optional queued token).
 
-A batch of one row without padding never holds a hole (every rejected slot is cropped, and trees are the only other
-source), so such a cache is ``dense``: its forwards pass no attention mask and no positions, and the model takes
-the plain causal path (transformers' padding-mask handling costs ~8% of a small model's decode step on CPU). Its
-mask would be all ones, so it is not kept (rollback is a crop); a tree, or padding in the prompt, turns ``dense``
-off for good (``leave_dense`` writes the ones then).
+Two caches (words in docs/glossary.md):
+- ``MaskedCache``: transformers' own forward over its ``DynamicCache`` (grows) or ``StaticCache`` (preallocated,
+  fixed addresses for compile). It has one length for every row, so a slot one row rejects stays as a hole
+  (attention mask 0) and positions are counted from the mask; slots every row rejects are cropped off the tail.
+  When holes outnumber the fullest row's committed slots, ``compact`` gathers each row's committed slots. A batch of
+  one row without padding never holds a hole, so its cache is *dense*: no mask, no positions, rollback is a crop
+  (transformers' padding-mask handling costs ~8% of a small model's step on CPU); a tree or a hole ends that.
+- ``LeanCache``: ``specdec.lean``'s forward over preallocated buffers, with per-row lengths on the device. A row's
+  committed slots are [0, length); a region's valid tokens are written right after them in order and its holes
+  after those, so keeping a prefix (a chain) is arithmetic on lengths and the next write overwrites what was
+  rejected; keeping a tree's path first gathers its slots into place. It reads nothing back to the host.
 
-Two layouts, same behaviour: ``dynamic`` (a ``DynamicCache`` that grows by concatenation) and ``static`` (a
-preallocated ``StaticCache`` written in place, whose tensors keep their addresses, for CUDA graphs / compile;
-rollback moves its write pointer back). Static tensors are pooled per (model, role, batch size) and reused by
-later calls (``STATIC_POOL``): compiled code guards on their identity and CUDA graphs replay on their addresses,
-so new tensors would mean recompiling. A static cache that runs out of room even after compaction is reallocated
-with twice the room it needs, replacing the pooled one.
-
-``compile=True`` (static layout) runs the model's forward through ``torch.compile``: CUDA graphs
-(``reduce-overhead``) on CUDA, inductor's default mode elsewhere. Shapes are fixed per k: the forward sees
-[B, n] tokens over a [B, capacity] mask. Prefill, whose width varies with every prompt, stays eager.
+``CachedModel`` owns one model as the decode loop runs it: which forward (the lean one where ``specdec.lean``
+supports the model, else transformers'), eager or compiled, and the static buffers its caches reuse across calls
+(compiled code guards on them; CUDA graphs replay on their addresses). One ``Decoder`` or drafter owns each; its
+``release`` frees the buffers and the compiled forward. Prefill (the first feed, whose width follows the prompt)
+always runs eager.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import DynamicCache, StaticCache
 
+from specdec.lean import LeanForward, lean_forward, lean_support
+
 CACHE_LAYOUTS = ("dynamic", "static")
+FORWARDS = ("auto", "lean", "transformers")
 STATIC_CACHE_SLACK = 64  # spare static slots, so compaction is rare
 STATIC_CAPACITY_STEP = 256  # static capacities are multiples of this, so nearby needs share one compiled shape
-COMPILED_FORWARDS: dict[int, tuple[torch.nn.Module, object]] = {}  # id(model) -> (model, its compiled forward)
-# (id(model), label, batch size) -> (model, StaticCache, its [B, capacity] mask): one live KVCache uses each at a time
-STATIC_POOL: dict[tuple[int, str, int], tuple[torch.nn.Module, StaticCache, torch.Tensor]] = {}
 
 
-def release_static_caches() -> None:
-    """Free every pooled static cache (the next static call allocates, and compiled forwards recompile)."""
-    STATIC_POOL.clear()
+@dataclass(frozen=True)
+class TreeFeed:
+    """How a token tree's tokens sit in the region (a causal run needs none of this)."""
 
-
-def compiled_forward(model: torch.nn.Module):
-    """The model's forward compiled once per process (CUDA graphs on CUDA), shared by every cache that runs it."""
-    if id(model) not in COMPILED_FORWARDS:
-        cuda = next(model.parameters()).device.type == "cuda"
-        COMPILED_FORWARDS[id(model)] = (model, torch.compile(model, mode="reduce-overhead" if cuda else "default"))
-    return COMPILED_FORWARDS[id(model)][1]
+    offsets: torch.Tensor  # [B, n] or [n]: each token's position after the region's start (the committed length)
+    attend: torch.Tensor  # [n, R] bool: token j attends region slot r (R = the region's slots, these n included)
 
 
 def round_up_capacity(slots: int) -> int:
     return -(-slots // STATIC_CAPACITY_STEP) * STATIC_CAPACITY_STEP
 
 
+def static_capacity(prompt_width: int, new_tokens: int) -> int:
+    """Slots to preallocate: the prompt (with its padding), the tokens to come, and slack for one step's rejected
+    drafts and holes. A masked cache that still runs out compacts or grows; a lean cache refuses."""
+    return prompt_width + new_tokens + STATIC_CACHE_SLACK
+
+
+def context_limit(model: torch.nn.Module) -> int | None:
+    """Largest number of positions the model can attend over, if its config says."""
+    config = model.config
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def device_is_cuda(device: torch.device | str) -> bool:
+    return torch.device(device).type == "cuda"
+
+
 class KVCache:
-    """One model's cache; its owner feeds tokens through ``forward`` and rolls back through ``keep``."""
+    """A model's cache for one ``generate`` call; its owner feeds each step's tokens and keeps some of them."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        batch_size: int,
-        device: torch.device,
-        label: str,
-        layout: str = "dynamic",
-        capacity: int | None = None,
-        compile: bool = False,
-    ):
-        """``capacity`` (static layout only) is the number of slots to preallocate, rounded up; ``compile`` (static
-        layout only) runs forwards through ``compiled_forward``."""
-        if layout not in CACHE_LAYOUTS:
-            raise ValueError(f"unknown cache layout {layout!r}; known layouts: {', '.join(CACHE_LAYOUTS)}")
-        if compile and layout != "static":
-            raise ValueError(f"a compiled forward needs the static cache layout, got layout {layout!r}")
-        self.model = model
-        self.label = label  # names the model in errors
-        self.static = layout == "static"
-        self.run_model = compiled_forward(model) if compile else model  # what ``forward`` calls
-        self.marks_cuda_graph_steps = compile and input_device_is_cuda(device)
+    def feed(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, tree: TreeFeed | None = None,
+             logit_columns: torch.Tensor | None = None, prefill: bool = False) -> torch.Tensor:
+        """Feed [B, n] tokens (``valid`` [B, n] 0 for holes, None when every token is real) and return the [B, m, V]
+        logits of ``logit_columns`` [m] (None: all n). ``prefill``: a width that varies per call, run eager."""
+        raise NotImplementedError
+
+    def keep(self, kept: torch.Tensor, prefix: bool, max_kept: int | None = None, all_kept: bool = False) -> None:
+        """End the step: keep the region's slots where ``kept`` [B, R] holds (only valid ones). ``prefix``: each
+        row's kept slots are the first of its valid ones. Host hints, where the owner has them: ``max_kept``, no
+        row keeps a region slot at or past this index; ``all_kept``, every row keeps every valid slot."""
+        raise NotImplementedError
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep only the batch rows ``index`` [B'] (rows that finished leave the batch)."""
+        raise NotImplementedError
+
+
+class MaskedCache(KVCache):
+    """transformers' forward over its own cache; rejected slots become holes (see the module docstring)."""
+
+    def __init__(self, owner: CachedModel, batch_size: int, device: torch.device, capacity: int):
+        self.owner, self.model, self.label = owner, owner.model, owner.label
+        self.static = owner.static
+        self.run_compiled = owner.compiled_forward() if owner.compile else None
+        self.marks_cuda_graph_steps = owner.compile and device_is_cuda(device)
         if self.static:
-            self.take_pooled(batch_size, capacity, device)
+            self.past, self.mask = owner.static_cache(batch_size, capacity, device)
+            self.capacity = self.mask.shape[1]
         else:
-            self.past = DynamicCache(config=model.config)
+            self.past = DynamicCache(config=self.model.config)
             self.mask = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # [B, S] 1 = committed slot
-        self.num_slots = 0  # slots written so far; the static mask is zero past them
-        self.dense = batch_size == 1 and not self.static  # no hole in any slot (see the module docstring)
+        self.num_slots = 0  # slots written so far; a static mask is zero past them
+        self.region_start = 0  # the first slot of the current step's region
+        self.dense = batch_size == 1 and not self.static  # no hole in any slot: no mask kept
         self.next_hole_check = 64  # dynamic layout: slot count at which to look for piled-up holes again
-        self.body = getattr(model, "base_model", model)  # transformers' models: the layers without the LM head
+        self.body = getattr(self.model, "base_model", self.model)  # transformers' models: the layers without the head
 
-    def prefill(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> None:
-        """Feed [B, n] tokens whose logits nobody needs: the model's body (``base_model``) fills the cache and the
-        [B, n, V] head projection is skipped."""
-        self.note_padding(input_mask)
-        self.feed(self.body, input_ids, input_mask)
-
-    def prefill_and_predict(self, input_ids: torch.Tensor, input_mask: torch.Tensor, num_logits: int = 1) -> torch.Tensor:
-        """Feed [B, n] tokens and return the [B, m, V] logits of the last m = ``num_logits`` columns only (the head
-        runs on those): the prompt's last token and any drafts appended to it, so the prefill verifies them. Left
-        padding keeps the last columns real tokens in every row. Eager, whatever ``compile`` says: the width varies
-        per prompt.
-
-        The columns are named by position: transformers' integer form slices a view whose batch stride sends a
-        bfloat16 matmul on CPU down a path ~40x slower (torch 2.13; the head of GPT-2 XL: 0.3 s a call).
-        """
-        self.note_padding(input_mask)
-        n = input_ids.shape[1]
-        last_columns = torch.arange(n - num_logits, n, device=input_ids.device)  # [m]
-        return self.feed(self.model, input_ids, input_mask, logits_to_keep=last_columns).logits
-
-    def note_padding(self, input_mask: torch.Tensor) -> None:
-        """A prompt with padding makes holes: the cache is no longer ``dense`` (one host read, once per prompt)."""
-        if self.dense and not bool(input_mask.all()):
+    def feed(self, tokens, valid=None, tree=None, logit_columns=None, prefill=False) -> torch.Tensor:
+        if valid is not None and self.dense and not bool(valid.all()):  # one read, where a dense row sees a hole
             self.leave_dense()
+        if tree is not None:
+            self.leave_dense()  # the tree's other nodes become holes
+        n = tokens.shape[1]
+        self.make_room(n)
+        no_logits = logit_columns is not None and logit_columns.numel() == 0
+        module = self.body if no_logits else self.model
+        if not prefill and self.run_compiled is not None and not no_logits:
+            module = self.run_compiled
+            if self.marks_cuda_graph_steps:
+                torch.compiler.cudagraph_mark_step_begin()  # earlier outputs of this graph may now be overwritten
+        options = {} if no_logits or logit_columns is None else {"logits_to_keep": logit_columns}
+        if self.dense:  # no holes: the model counts positions from the cache's length, as without a mask
+            self.num_slots += n
+            out = module(input_ids=tokens, past_key_values=self.past, use_cache=True, **options)
+            return self.no_logits(tokens) if no_logits else out.logits
+        valid = torch.ones_like(tokens) if valid is None else valid.long()  # [B, n]
+        committed_before = self.mask[:, : self.region_start].sum(-1, keepdim=True)  # [B, 1]
+        if tree is None:  # a causal run: positions count the valid slots so far
+            positions = self.mask.sum(-1, keepdim=True) + valid.cumsum(-1) - 1  # [B, n]
+        else:
+            positions = committed_before + tree.offsets  # [B, n]
+        where = self.write_mask(valid)
+        attention_mask = self.mask if tree is None else self.tree_mask(tree, n)
+        out = module(input_ids=tokens, attention_mask=attention_mask, position_ids=positions.clamp_min(0),
+                     past_key_values=self.past, use_cache=True, **where, **options)
+        return self.no_logits(tokens) if no_logits else out.logits
+
+    def no_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[B, 0, V]: what a feed that asked for no logit column returns."""
+        return torch.empty(tokens.shape[0], 0, self.model.config.vocab_size, device=tokens.device)
+
+    def write_mask(self, valid: torch.Tensor) -> dict:
+        """Mark the n new slots in the mask (1 where valid); a static cache is told where to write."""
+        n = valid.shape[1]
+        if self.static:
+            slots = torch.arange(self.num_slots, self.num_slots + n, device=valid.device)  # [n]
+            self.mask[:, slots] = valid
+            where = {"cache_position": slots}
+        else:
+            self.mask = torch.cat([self.mask, valid], dim=1)
+            where = {}
+        self.num_slots += n
+        return where
+
+    def tree_mask(self, tree: TreeFeed, n: int) -> torch.Tensor:
+        """[B, 1, n, S] for a tree: every committed slot before the region, and the region's valid slots its row of
+        ``attend`` names (the dynamic layout's mask covers exactly the slots written)."""
+        committed = self.mask[:, : self.region_start].bool()  # [B, S0]
+        region = self.mask[:, self.region_start : self.num_slots].bool()  # [B, R]
+        region_attend = tree.attend.unsqueeze(0) & region.unsqueeze(1)  # [B, n, R]
+        own = torch.eye(n, dtype=torch.bool, device=region.device)  # each token sees itself: no empty row
+        region_attend[:, :, -n:] |= own
+        mask = torch.cat([committed.unsqueeze(1).expand(-1, n, -1), region_attend], -1)  # [B, n, S0 + R]
+        return mask.unsqueeze(1)
+
+    def keep(self, kept, prefix, max_kept=None, all_kept=False) -> None:
+        num_region = self.num_slots - self.region_start
+        if self.dense and max_kept is None:
+            self.leave_dense()
+        if not all_kept:
+            if self.dense:  # one row, a prefix: its count is max_kept
+                self.crop_tail(num_region - max_kept)
+            else:
+                self.mask[:, self.region_start : self.num_slots] *= kept.long()
+                if max_kept is not None:
+                    self.crop_tail(num_region - max_kept)
+        self.region_start = self.num_slots
+        if not self.static and not self.dense and self.num_slots >= self.next_hole_check:
+            self.compact_if_mostly_holes()
+
+    def make_room(self, n: int) -> None:
+        """A static cache about to overflow compacts (between steps) or grows."""
+        if not self.static or self.num_slots + n <= self.capacity:
+            return
+        if self.num_slots and self.region_start == self.num_slots:
+            self.compact()
+        if self.num_slots + n > self.capacity:
+            self.grow(2 * (self.num_slots + n))
 
     def leave_dense(self) -> None:
         """From now on the cache may hold holes: write the mask a dense cache does not keep (all ones)."""
@@ -119,119 +201,7 @@ class KVCache:
             self.mask = torch.ones(self.mask.shape[0], self.num_slots, dtype=torch.long, device=self.mask.device)
             self.dense = False
 
-    def forward(self, input_ids: torch.Tensor, input_mask: torch.Tensor) -> torch.Tensor:
-        """Feed [B, n] tokens (input_mask 0 marks holes) and return their [B, n, V] logits.
-
-        The new slots count as committed until ``keep`` says otherwise. Under CUDA graphs the logits live in the
-        graph's output buffer: use them before this cache's next forward.
-        """
-        if self.marks_cuda_graph_steps:
-            torch.compiler.cudagraph_mark_step_begin()  # earlier outputs of this graph may now be overwritten
-        return self.feed(self.run_model, input_ids, input_mask).logits
-
-    def take_pooled(self, batch_size: int, capacity: int, device: torch.device) -> None:
-        """Use the pooled static cache of this model, role and batch size, emptied, if it has ``capacity`` slots;
-        else allocate one (rounded up) and pool it."""
-        key = (id(self.model), self.label, batch_size)
-        pooled = STATIC_POOL.get(key)
-        if pooled is not None and pooled[2].shape[1] >= capacity and pooled[2].device == torch.device(device):
-            _, self.past, self.mask = pooled
-            self.mask.zero_()
-            for layer in self.past.layers:
-                if layer.is_initialized:
-                    layer.cumulative_length.zero_()
-        else:
-            capacity = round_up_capacity(capacity)
-            self.past = StaticCache(config=self.model.config, max_cache_len=capacity)
-            self.mask = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)  # [B, S] 1 = committed
-            STATIC_POOL[key] = (self.model, self.past, self.mask)
-        self.capacity = self.mask.shape[1]
-
-    def feed(self, module: torch.nn.Module, input_ids: torch.Tensor, input_mask: torch.Tensor, **options):
-        """Run ``module`` (the model or its body) on [B, n] tokens over the cache, with the model's ``options``;
-        returns its output."""
-        n = input_ids.shape[1]
-        if self.static and self.num_slots + n > self.capacity:
-            if self.num_slots:
-                self.compact()
-            if self.num_slots + n > self.capacity:
-                self.grow(2 * (self.num_slots + n))
-        if self.dense:  # no holes: the model counts positions from the cache's length, as without a mask
-            self.num_slots += n
-            return module(input_ids=input_ids, past_key_values=self.past, use_cache=True, **options)
-        positions = self.mask.sum(-1, keepdim=True) + input_mask.cumsum(-1) - 1  # [B, n]
-        if self.static:  # told where to write; a dynamic cache appends
-            slots = torch.arange(self.num_slots, self.num_slots + n, device=input_ids.device)  # [n]
-            self.mask[:, slots] = input_mask.long()
-            where = {"cache_position": slots}
-        else:
-            self.mask = torch.cat([self.mask, input_mask.long()], dim=1)
-            where = {}
-        self.num_slots += n
-        return module(
-            input_ids=input_ids,
-            attention_mask=self.mask,
-            position_ids=positions.clamp_min(0),
-            past_key_values=self.past,
-            use_cache=True,
-            **where,
-            **options,
-        )
-
-    def forward_tree(
-        self, input_ids: torch.Tensor, attend: torch.Tensor, offsets: torch.Tensor, active: torch.Tensor
-    ) -> torch.Tensor:
-        """Feed [B, n] tree nodes and return their [B, n, V] logits. ``attend`` [n, T] says which of the last T slots
-        each node sees: these n and the T - n slots this tree fed before (its ancestors and itself); every node
-        also sees the committed slots before the tree. A node's position is the committed length plus its
-        ``offsets`` [n] (its depth below the last committed token). ``active`` [B] bool: other rows feed holes.
-        Dynamic layout: a 4D mask [B, 1, n, S + n] goes straight to attention."""
-        if self.static:
-            raise ValueError(f"the {self.label} cache verifies trees on the dynamic layout only")
-        self.leave_dense()  # the tree's other nodes become holes
-        n, tree_slots = input_ids.shape[1], attend.shape[1]
-        committed = self.mask[:, : self.num_slots - (tree_slots - n)].bool()  # [B, S0]
-        positions = committed.sum(-1, keepdim=True) + offsets  # [B, n]
-        mask = torch.cat([committed.unsqueeze(1).expand(-1, n, -1), attend.expand(committed.shape[0], -1, -1)],
-                         -1)  # [B, n, S0 + T]
-        new_slots = active.long().unsqueeze(1).expand(-1, n)  # [B, n]
-        self.mask = torch.cat([self.mask, new_slots], dim=1)
-        self.num_slots += n
-        out = self.model(input_ids=input_ids, attention_mask=mask.unsqueeze(1), position_ids=positions,
-                         past_key_values=self.past, use_cache=True)
-        return out.logits
-
-    def keep_slots(self, kept: torch.Tensor) -> None:
-        """Of the last ``kept.shape[1]`` slots keep those where ``kept`` [B, n] (bool) holds; the rest become holes.
-        A tree's rollback: its accepted path stays, every other node becomes a hole, in place."""
-        start = self.num_slots - kept.shape[1]
-        self.mask[:, start : self.num_slots] *= kept.long()
-        if self.num_slots >= self.next_hole_check:
-            self.compact_if_mostly_holes()
-
-    def keep(self, num_kept: torch.Tensor, num_last: int, max_kept: int, min_kept: int = 0) -> None:
-        """Of the last ``num_last`` slots keep the first ``num_kept`` [B] of each row; the rest become holes.
-
-        ``max_kept`` and ``min_kept`` bound ``num_kept`` over the rows that fed tokens (host ints; rows that fed
-        holes may hold anything). Slots past ``max_kept`` are cropped from the cache; with ``min_kept ==
-        num_last`` no row rejected anything and the mask stays as it is.
-        """
-        if min_kept >= num_last:
-            return
-        if self.dense:  # one row: max_kept is its count
-            self.crop_tail(num_last - max_kept)
-            return
-        start = self.num_slots - num_last
-        slot = torch.arange(num_last, device=self.mask.device)  # [num_last]
-        kept = (slot < num_kept.unsqueeze(1)).long()  # [B, num_last]
-        self.mask[:, start : self.num_slots] *= kept
-        self.crop_tail(num_last - max_kept)
-        if not self.static and self.num_slots >= self.next_hole_check:
-            self.compact_if_mostly_holes()
-
     def select_rows(self, index: torch.Tensor) -> None:
-        """Keep only the batch rows ``index`` [B'] (rows that finished leave the batch). Dynamic layout only: the
-        static one keeps its tensors, addresses and batch size."""
         if self.static:
             raise ValueError(f"the {self.label} static cache keeps its batch rows; use the dynamic layout")
         self.past.batch_select_indices(index)
@@ -248,6 +218,7 @@ class KVCache:
         if num_slots <= 0:
             return
         self.num_slots -= num_slots
+        self.region_start = min(self.region_start, self.num_slots)
         if self.static:
             for layer in self.past.layers:
                 layer.cumulative_length.sub_(num_slots)  # the next write overwrites the stale slots
@@ -258,18 +229,8 @@ class KVCache:
 
     def grow(self, capacity: int) -> None:
         """Reallocate the static cache with ``capacity`` slots (rounded up), keeping the slots written so far."""
-        capacity = round_up_capacity(capacity)
-        past = StaticCache(config=self.model.config, max_cache_len=capacity)
-        for old, new in zip(self.past.layers, past.layers):
-            if old.is_initialized:
-                new.lazy_initialization(old.keys, old.values)
-                new.keys[:, :, : self.num_slots] = old.keys[:, :, : self.num_slots]
-                new.values[:, :, : self.num_slots] = old.values[:, :, : self.num_slots]
-                new.cumulative_length.fill_(self.num_slots)
-        grown = torch.zeros(self.mask.shape[0], capacity, dtype=self.mask.dtype, device=self.mask.device)
-        grown[:, : self.capacity] = self.mask
-        self.past, self.mask, self.capacity = past, grown, capacity
-        STATIC_POOL[(id(self.model), self.label, self.mask.shape[0])] = (self.model, past, grown)
+        past, grown = self.owner.grow_static_cache(self.past, self.mask, self.num_slots, capacity)
+        self.past, self.mask, self.capacity = past, grown, grown.shape[1]
 
     def compact(self) -> None:
         """Gather each row's committed slots, in order, to the end of the first ``max committed`` slots."""
@@ -294,24 +255,208 @@ class KVCache:
             self.mask[:, :length] = new_mask
         else:
             self.mask = new_mask
-        self.num_slots = length
+        self.num_slots = self.region_start = length
 
 
-def context_limit(model: torch.nn.Module) -> int | None:
-    """Largest number of positions the model can attend over, if its config says."""
-    config = model.config
-    for name in ("max_position_embeddings", "n_positions"):
-        value = getattr(config, name, None)
-        if isinstance(value, int):
-            return value
-    return None
+class LeanCache(KVCache):
+    """``specdec.lean``'s forward over preallocated buffers with per-row lengths (see the module docstring)."""
+
+    def __init__(self, owner: CachedModel, batch_size: int, device: torch.device, capacity: int,
+                 fixed_span: bool):
+        """``fixed_span``: attention always spans the whole capacity (shapes fixed per step width, for compiled
+        forwards and captured steps); otherwise it spans a host bound on the longest row."""
+        self.owner, self.label = owner, owner.label
+        self.run = owner.compiled_forward() if owner.compile else owner.lean
+        self.eager = owner.lean
+        self.keys, self.values = owner.lean_buffers(batch_size, capacity, device)
+        self.capacity = self.keys[0].shape[2]
+        self.position_limit = (owner.lean.context_limit or 2**62) - 1
+        self.fixed_span = fixed_span
+        self.length = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] committed slots per row
+        self.slot_index = torch.arange(self.capacity, device=device)  # [C]
+        self.start_region(batch_size, device)
+        self.bound = 0  # host: no row's length plus region reaches past this
+
+    def start_region(self, batch_size: int, device: torch.device) -> None:
+        self.region_slots = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # [B, R] slot of each entry
+        self.region_valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, R]
+        self.region_count = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] valid entries so far
+
+    def feed(self, tokens, valid=None, tree=None, logit_columns=None, prefill=False) -> torch.Tensor:
+        batch, n = tokens.shape
+        if not self.fixed_span and self.bound + n > self.capacity:  # a fixed span was sized by its owner
+            self.grow(2 * (self.bound + n))
+        valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid.bool()  # [B, n]
+        rank = valid.long().cumsum(-1) - 1  # [B, n] rank among the valid ones
+        num_valid = rank[:, -1:] + 1  # [B, 1]
+        rank_of_hole = (~valid).long().cumsum(-1) - 1  # [B, n]
+        first_free = (self.length + self.region_count).unsqueeze(1)  # [B, 1]
+        slots = first_free + torch.where(valid, rank, num_valid + rank_of_hole)  # [B, n] holes after the valid ones
+        if tree is None:
+            positions = first_free + rank  # [B, n]
+        else:
+            positions = self.length.unsqueeze(1) + tree.offsets  # [B, n]
+        span = self.capacity if self.fixed_span else self.bound + n
+        attend = self.attention(slots, valid, tree, span)  # [B, n, S]
+        self.region_slots = torch.cat([self.region_slots, slots], 1)
+        self.region_valid = torch.cat([self.region_valid, valid], 1)
+        self.region_count = self.region_count + num_valid.squeeze(1)
+        self.bound += n
+        run = self.eager if prefill else self.run
+        return run(tokens, positions.clamp(0, self.position_limit), slots, attend, self.keys, self.values,
+                   logit_columns)
+
+    def attention(self, slots: torch.Tensor, valid: torch.Tensor, tree: TreeFeed | None, span: int) -> torch.Tensor:
+        """[B, n, S] bool: the committed slots, the region's valid slots each token attends, and its own slot."""
+        slot = self.slot_index[:span]  # [S]
+        committed = slot < self.length.unsqueeze(1)  # [B, S]
+        own = slot == slots.unsqueeze(2)  # [B, n, S]
+        if tree is None:  # the region's valid tokens lie in order from the length on: a causal run
+            region = (slot >= self.length[:, None, None]) & (slot <= slots.unsqueeze(2))  # [B, n, S]
+            region &= valid.unsqueeze(2)
+        else:
+            entries = torch.cat([self.region_valid, valid], 1)  # [B, R]
+            entry_slots = torch.cat([self.region_slots, slots], 1)  # [B, R]
+            seen = (tree.attend.unsqueeze(0) & entries.unsqueeze(1) & valid.unsqueeze(2)).long()  # [B, n, R]
+            # A hole's slot may since hold a valid token: add, so a hole's 0 never hides it.
+            region = torch.zeros(*seen.shape[:2], span, dtype=torch.long, device=seen.device)
+            region = region.scatter_add_(2, entry_slots.unsqueeze(1).expand_as(seen), seen) > 0  # [B, n, S]
+        return committed.unsqueeze(1) & valid.unsqueeze(2) | region | own
+
+    def keep(self, kept, prefix, max_kept=None, all_kept=False) -> None:
+        kept = kept & self.region_valid  # [B, R]
+        if not prefix:
+            self.gather_kept(kept)
+        num_region = kept.shape[1]
+        self.length += kept.sum(-1)  # in place: a captured step updates the same tensor on every replay
+        self.bound -= num_region - (max_kept if max_kept is not None else num_region)
+        self.start_region(*self.length.shape, self.length.device)
+
+    def gather_kept(self, kept: torch.Tensor) -> None:
+        """Move each row's kept region slots, in order, to the slots right after its length."""
+        order = (~kept).long().sort(dim=-1, stable=True).indices  # [B, R] kept entries first, in order
+        source = self.region_slots.gather(1, order)  # [B, R]
+        target = self.length.unsqueeze(1) + torch.arange(kept.shape[1], device=kept.device)  # [B, R]
+        for states in (*self.keys, *self.values):  # [B, H, C, D] each
+            heads, dim = states.shape[1], states.shape[3]
+            moved = states.gather(2, source[:, None, :, None].expand(-1, heads, -1, dim))  # [B, H, R, D], a copy
+            states.scatter_(2, target[:, None, :, None].expand(-1, heads, -1, dim), moved)
+
+    def grow(self, capacity: int) -> None:
+        """Move to larger buffers (rounded up) holding the slots written so far; they replace the pooled ones."""
+        keys, values = self.owner.lean_buffers(self.length.shape[0], capacity, self.length.device, replace=True)
+        for old, new in zip((*self.keys, *self.values), (*keys, *values)):
+            new[:, :, : self.capacity] = old
+        self.keys, self.values, self.capacity = keys, values, keys[0].shape[2]
+        self.slot_index = torch.arange(self.capacity, device=self.length.device)
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        self.keys = [states[index] for states in self.keys]
+        self.values = [states[index] for states in self.values]
+        self.length = self.length[index]
+        self.region_slots, self.region_valid = self.region_slots[index], self.region_valid[index]
+        self.region_count = self.region_count[index]
 
 
-def static_capacity(prompt_width: int, new_tokens: int) -> int:
-    """Slots to preallocate: the prompt (with its padding), the tokens to come, and slack for rejected drafts
-    before ``KVCache.compact`` has to run. A cache that still runs out grows (``KVCache.grow``)."""
-    return prompt_width + new_tokens + STATIC_CACHE_SLACK
+class CachedModel:
+    """One model as the decode loop runs it: its forward and the static buffers its caches reuse across calls.
 
+    ``forward``: "auto" runs the lean forward where ``specdec.lean`` supports the model, else transformers';
+    "lean" insists (an unsupported model is an error); "transformers" always runs transformers' forward (the
+    reference). ``cache_layout`` ("dynamic" or "static") is the masked cache's; a lean cache is always
+    preallocated. ``compile=True`` runs decode forwards through ``torch.compile``: the lean forward with inductor
+    alone (a decode loop that captures its step takes CUDA graphs around it), transformers' forward over a static
+    cache with CUDA graphs (``reduce-overhead``) on CUDA. "Compile means static" is decided here, once.
+    """
 
-def input_device_is_cuda(device: torch.device | str) -> bool:
-    return torch.device(device).type == "cuda"
+    def __init__(self, model: torch.nn.Module, label: str, forward: str = "auto", cache_layout: str = "dynamic",
+                 compile: bool = False):
+        if forward not in FORWARDS:
+            raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
+        if cache_layout not in CACHE_LAYOUTS:
+            raise ValueError(f"unknown cache layout {cache_layout!r}; known layouts: {', '.join(CACHE_LAYOUTS)}")
+        if not isinstance(compile, bool):
+            raise TypeError(f"compile must be True or False, got {compile!r}")
+        self.model, self.label, self.compile = model, label, compile
+        self.lean: LeanForward | None = lean_forward(model) if forward != "transformers" else None
+        if forward == "lean" and self.lean is None:
+            raise ValueError(f"forward='lean' cannot run the {label} model: {lean_support(model)}")
+        self.static = compile or cache_layout == "static"
+        self.cache_layout = "static" if self.static else "dynamic"
+        self.compiled = None
+        self.pool: dict[int, tuple] = {}  # batch size -> the buffers its caches reuse
+
+    @property
+    def is_lean(self) -> bool:
+        return self.lean is not None
+
+    @property
+    def selects_rows(self) -> bool:
+        """Whether its caches can drop batch rows (compiled forwards and transformers' static caches keep theirs)."""
+        return not self.compile if self.is_lean else not self.static
+
+    def new_cache(self, batch_size: int, capacity: int, device: torch.device, fixed_span: bool = False) -> KVCache:
+        """A cache for one call, with room for ``capacity`` slots."""
+        if self.is_lean:
+            return LeanCache(self, batch_size, device, capacity, fixed_span=fixed_span or self.compile)
+        return MaskedCache(self, batch_size, device, capacity)
+
+    def compiled_forward(self):
+        """The forward compiled once for this owner (lean: inductor alone; transformers': CUDA graphs on CUDA)."""
+        if self.compiled is None:
+            if self.is_lean:
+                self.compiled = torch.compile(self.lean, fullgraph=True, dynamic=False)
+            else:
+                cuda = next(self.model.parameters()).device.type == "cuda"
+                self.compiled = torch.compile(self.model, mode="reduce-overhead" if cuda else "default")
+        return self.compiled
+
+    def lean_buffers(self, batch_size: int, capacity: int, device: torch.device,
+                     replace: bool = False) -> tuple[list, list]:
+        """Key and value buffers of at least ``capacity`` slots (rounded up), reused from the pool when they fit
+        (``replace``: new ones regardless). Zeroed when allocated: a slot nobody attends is still multiplied by 0,
+        and must not hold NaN."""
+        pooled = self.pool.get(batch_size)
+        if (not replace and pooled is not None and pooled[0][0].shape[2] >= capacity
+                and pooled[0][0].device == torch.device(device)):
+            return pooled
+        buffers = self.lean.new_buffers(batch_size, round_up_capacity(capacity), device)
+        self.pool[batch_size] = buffers
+        return buffers
+
+    def static_cache(self, batch_size: int, capacity: int, device: torch.device) -> tuple[StaticCache, torch.Tensor]:
+        """The pooled transformers ``StaticCache`` (emptied) and its [B, capacity] mask for this batch size if it
+        has room, else new ones (rounded up), pooled."""
+        pooled = self.pool.get(batch_size)
+        if pooled is not None and pooled[1].shape[1] >= capacity and pooled[1].device == torch.device(device):
+            past, mask = pooled
+            mask.zero_()
+            for layer in past.layers:
+                if layer.is_initialized:
+                    layer.cumulative_length.zero_()
+            return past, mask
+        capacity = round_up_capacity(capacity)
+        past = StaticCache(config=self.model.config, max_cache_len=capacity)
+        mask = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)  # [B, S] 1 = committed
+        self.pool[batch_size] = (past, mask)
+        return past, mask
+
+    def grow_static_cache(self, old: StaticCache, mask: torch.Tensor, num_slots: int, capacity: int):
+        """A larger static cache (rounded up) holding ``old``'s first ``num_slots`` slots; it replaces the pooled one."""
+        capacity = round_up_capacity(capacity)
+        past = StaticCache(config=self.model.config, max_cache_len=capacity)
+        for old_layer, layer in zip(old.layers, past.layers):
+            if old_layer.is_initialized:
+                layer.lazy_initialization(old_layer.keys, old_layer.values)
+                layer.keys[:, :, :num_slots] = old_layer.keys[:, :, :num_slots]
+                layer.values[:, :, :num_slots] = old_layer.values[:, :, :num_slots]
+                layer.cumulative_length.fill_(num_slots)
+        grown = torch.zeros(mask.shape[0], capacity, dtype=mask.dtype, device=mask.device)
+        grown[:, : mask.shape[1]] = mask
+        self.pool[mask.shape[0]] = (past, grown)
+        return past, grown
+
+    def release(self) -> None:
+        """Free the pooled buffers and the compiled forward (the next call allocates and compiles again)."""
+        self.pool.clear()
+        self.compiled = None

@@ -5,8 +5,13 @@
 - ``DraftLengthPolicy``: chooses k before each step and may stop a draft part way (``specdec.policies``).
 
 A part subclasses its interface and overrides what it does; the loop reads the declared capabilities
-(``greedy_at_point_masses``, ``judges_ids``, ``selects_rows``, ``stops_drafts``, ``models``) and never probes.
-Shapes and notation are those of ``specdec.types``.
+(``greedy_at_point_masses``, ``judges_ids``, ``requires_greedy``, ``proposes_nothing``, ``selects_rows``,
+``drafts_trees``, ``stops_drafts``, ``adapts``, ``models``) and never probes. Shapes and notation are those of
+``specdec.types``; the words the code coins are in docs/glossary.md.
+
+Where to add a part: a strategy subclasses ``AcceptanceStrategy`` (``__call__`` on a chain; ``judge_tree`` for
+trees); a drafter that runs a cached model subclasses ``specdec.drafters.CachedDrafter`` and writes ``propose``;
+any other drafter subclasses ``Drafter``.
 """
 
 from __future__ import annotations
@@ -15,27 +20,11 @@ from typing import Callable
 
 import torch
 
+from specdec.layout import Proposal
 from specdec.sampling import SamplingConfig
-from specdec.tree import greedy_tree
-from specdec.types import Proposal, StepOutcome, TreeShape, TreeVerdict, Verdict
+from specdec.types import StepOutcome, TreeShape, Verdict
 
 StopHook = Callable[[torch.Tensor, torch.Tensor], bool]  # the token just drafted [B], its draft logits [B, V] -> stop now?
-
-
-def count_leading_true(accepted: torch.Tensor) -> torch.Tensor:
-    """[B, k] bool -> [B] long: length of the all-True prefix of each row."""
-    return accepted.cumprod(-1).sum(-1)  # cumprod of bool is long
-
-
-def greedy_verdict(draft_tokens: torch.Tensor, target_choice: torch.Tensor) -> Verdict:
-    """Keep drafts while they equal the target's choice; emit the target's choice at the first mismatch.
-
-    draft_tokens [B, k], target_choice [B, k+1] (the argmax of each target distribution).
-    """
-    k = draft_tokens.shape[1]
-    num_accepted = count_leading_true(draft_tokens == target_choice[:, :k])  # [B]
-    next_token = target_choice.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # [B]
-    return Verdict(num_accepted, next_token)
 
 
 class AcceptanceStrategy:
@@ -44,19 +33,21 @@ class AcceptanceStrategy:
     Both distributions have been through ``sampling.logits_to_probs`` with the same settings; row k of
     ``target_probs`` is for the bonus token. Strategies hold parameters only, never state.
 
-    At temperature 0 both distributions are point masses, and a strategy that ``judges_ids`` gives its verdict
-    from token ids with ``verdict_from_ids`` instead, so the loop never builds [B, k+1, V] one-hot tensors. By
-    default that is so exactly when the rule on point masses is greedy matching (``greedy_at_point_masses``);
-    a strategy with another rule on point masses overrides both.
+    At temperature 0 both distributions are point masses, and the loop never builds [B, k+1, V] one-hot tensors:
+    a strategy whose rule there is greedy matching declares ``greedy_at_point_masses`` and the loop matches token
+    ids itself; a strategy with another rule on point masses declares ``judges_ids`` and gives
+    ``verdict_from_ids`` (and ``tree_verdict_from_ids``); any other is called with point masses.
 
     A strategy that ``judges_trees`` also has a rule for token trees (``specdec.tree``): ``judge_tree`` with
-    distributions, and ``tree_verdict_from_ids`` at temperature 0 (greedy matching by default).
+    distributions. A strategy that ``requires_greedy`` decodes the target's argmax and refuses temperature > 0.
     """
 
     name: str = "custom"
     lossless: bool = False
     greedy_at_point_masses: bool = False  # on point masses the rule keeps drafts while they equal the argmax
     judges_trees: bool = False
+    requires_greedy: bool = False  # only meaningful at temperature 0 (greedy verification)
+    trusted_verdicts: bool = False  # its verdicts need no checking (the built-in strategies); others are checked
 
     def __call__(
         self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
@@ -66,27 +57,28 @@ class AcceptanceStrategy:
 
     @property
     def judges_ids(self) -> bool:
-        """Whether ``verdict_from_ids`` is this strategy's verdict at temperature 0."""
+        """Whether the strategy is judged on token ids at temperature 0 (greedy matching or its own id rule)."""
         return self.greedy_at_point_masses
 
     def verdict_from_ids(
         self, draft_tokens: torch.Tensor, target_choice: torch.Tensor, generator: torch.Generator
     ) -> Verdict:
         """Temperature 0: draft_tokens [B, k], target_choice [B, k+1] the target's argmax at each position."""
-        return greedy_verdict(draft_tokens, target_choice)
+        raise NotImplementedError(f"strategy {self.name!r} declares judges_ids but has no verdict_from_ids")
 
     def judge_tree(
         self, shape: TreeShape, tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
         generator: torch.Generator,
-    ) -> TreeVerdict:
-        """tokens [B, N] the nodes, draft_probs [B, I, V] q at each internal position, target_probs [B, N+1, V]."""
+    ) -> Verdict:
+        """tokens [B, N] the nodes, draft_probs [B, I, V] q at each internal position, target_probs [B, N+1, V];
+        the verdict's ``path`` [B, d] holds the accepted nodes' positions."""
         raise NotImplementedError(f"strategy {self.name!r} has no rule for token trees")
 
     def tree_verdict_from_ids(
         self, shape: TreeShape, tokens: torch.Tensor, target_choice: torch.Tensor, generator: torch.Generator
-    ) -> TreeVerdict:
-        """Temperature 0: tokens [B, N], target_choice [B, N+1] the target's argmax at each position."""
-        return greedy_tree(shape, tokens, target_choice)
+    ) -> Verdict:
+        """Temperature 0, for a strategy that ``judges_ids`` with its own rule: target_choice [B, N+1]."""
+        raise NotImplementedError(f"strategy {self.name!r} declares judges_ids but has no tree_verdict_from_ids")
 
 
 class CallableStrategy(AcceptanceStrategy):
@@ -116,25 +108,29 @@ def as_strategy(strategy: object) -> AcceptanceStrategy:
 class Drafter:
     """Proposes tokens each step; learns from each step's outcome.
 
-    ``start`` sees the prompt; ``propose(k, sampling, generator, stop)`` returns only the new tokens [B, k] (and
-    their distributions where it has them); ``commit(outcome)`` learns what was kept. A drafter that holds a KV
-    cache owns it and rolls it back in ``commit``, its one place to do so.
+    ``start`` sees the prompt; ``propose(k, sampling, generator, stop)`` returns only the new tokens (and their
+    distributions where it has them) as a ``Proposal``, a chain of up to k tokens unless it says otherwise in
+    the proposal's layout (``specdec.layout``; k = 0 asks for nothing, an empty proposal); ``commit(outcome)``
+    learns what was kept. A drafter that holds a KV cache owns it and rolls it back in ``commit``, its one place to
+    do so; ``release`` frees what it keeps between calls (static caches, compiled forwards).
 
     ``stop(token [B], draft_logits [B, V]) -> bool``, when given, is asked after each drafted token but the last
     with that token and the draft logits it came from (before sampling settings); on True the drafter returns the
     tokens so far (at least one). The loop stops a draft once every generating row has drafted an EOS, and where
     the policy ``stops_drafts``. Drafters that draft all tokens at once (n-gram, trees) may ignore it.
 
-    A drafter that ``selects_rows`` can keep only some batch rows (``select_rows``): the loop then drops rows
-    that finished from the batch. Otherwise finished rows stay in the batch and feed holes. A drafter that
-    ``drafts_trees`` proposes token trees (``Proposal.tree``); the loop then verifies them under an ancestor mask
-    and asks the strategy's tree rule.
+    Capabilities: ``proposes_nothing`` (the baseline: the loop never drafts, k is always 0); ``selects_rows`` (can
+    keep only some batch rows, ``select_rows``: the loop then drops rows that finished; otherwise they stay and
+    feed holes); ``drafts_trees`` (proposes token trees, which need a strategy with a tree rule and an eager loop);
+    ``needs_pair`` (built from a loaded model pair by ``from_pair``).
     """
 
     name: str = "custom"
     num_forwards: int = 0  # draft forward passes since ``start`` (for the cost ratio)
+    proposes_nothing: bool = False
     selects_rows: bool = False
     drafts_trees: bool = False
+    drafts_on_device: bool = False  # proposes and commits without host reads, state updated in place
     needs_pair: bool = False  # built from a loaded model pair (``from_pair``), not from its options alone
 
     @classmethod
@@ -171,6 +167,9 @@ class Drafter:
         """Keep only the batch rows ``index`` [B']; called only where ``selects_rows``."""
         raise NotImplementedError(f"{type(self).__name__} keeps every batch row (selects_rows is False)")
 
+    def release(self) -> None:
+        """Free what the drafter keeps between calls; nothing by default."""
+
 
 class DraftLengthPolicy:
     """Answers ``next_k()`` before each step and learns from ``observe(outcome)`` after it.
@@ -183,6 +182,7 @@ class DraftLengthPolicy:
 
     name: str = "custom"
     stops_drafts: bool = False
+    adapts: bool = True  # k may change between steps from what the policy observes (False: one fixed k)
 
     @property
     def max_k(self) -> int:

@@ -25,7 +25,8 @@ import torch
 from specdec.checks import check_draft_length
 from specdec.interfaces import Drafter, StopHook
 from specdec.sampling import SamplingConfig
-from specdec.types import Proposal, StepOutcome
+from specdec.layout import Proposal
+from specdec.types import StepOutcome
 
 
 class NGramDrafter(Drafter):
@@ -98,4 +99,4 @@ class NGramDrafter(Drafter):
         slots = self.lengths.unsqueeze(1) + torch.arange(width, device=self.lengths.device)  # [B, k+1]
         self.history.scatter_(1, slots, outcome.new_tokens)  # slots past num_new are junk past the new length
         self.lengths = self.lengths + outcome.num_new
-        self.max_length += max(outcome.max_accepted + 1, 0)  # num_new <= num_accepted + 1 on active rows
+        self.max_length += max(outcome.host.max_accepted + 1, 0)  # num_new <= num_accepted + 1 on active rows

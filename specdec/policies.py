@@ -25,6 +25,7 @@ class FixedLength(DraftLengthPolicy):
     """Always propose ``k`` tokens."""
 
     name = "fixed"
+    adapts = False
 
     def __init__(self, k: int = 4):
         self.k = check_draft_length("k", k)
@@ -41,7 +42,7 @@ class HeuristicLength(DraftLengthPolicy):
     """transformers' assisted-generation schedule: k <- k + 2 after a fully accepted draft, else k - 1.
 
     k starts at ``k0`` and stays in [k_min, k_max]. With a batch, a draft counts as fully accepted when every row
-    that was generating kept all of it (``outcome.min_accepted == outcome.k``): one rejecting row shrinks k for
+    that was generating kept all of it (``outcome.host.min_accepted == outcome.k``): one rejecting row shrinks k for
     all, since the shared k costs every row the same draft forwards. Steps that drafted nothing leave k as is.
     """
 
@@ -70,7 +71,7 @@ class HeuristicLength(DraftLengthPolicy):
         if outcome.k == 0:
             return
         self.history.append(outcome.k)
-        fully_accepted = outcome.min_accepted >= outcome.k
+        fully_accepted = outcome.host.min_accepted >= outcome.k
         self.k = min(self.k + 2, self.k_max) if fully_accepted else max(self.k - 1, self.k_min)
 
 

@@ -15,6 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
+from specdec.rules import probs_of
+
 
 def ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else math.nan
@@ -122,3 +126,81 @@ def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:
         (1 - a^(k+1)) / ((1 - a)(k c + 1))  =  (sum_{i=0..k} a^i) / (k c + 1)
     """
     return sum(alpha**i for i in range(k + 1)) / (k * cost_ratio + 1)
+
+
+class StepLog:
+    """What each step decided for each of the call's original rows, written with a few ops per step and turned into
+    per-row counts once, at the end (``row_stats``). Also where the per-position overlap sum_x min(q, p) (the
+    expected acceptance) is measured, from what the verifier judged."""
+
+    def __init__(self, batch_size: int, k_max: int, max_steps: int, device: torch.device):
+        # [S, B] drafts each row kept in each step; -1 where the row was not generating (a later step's -1: unused)
+        self.accepted = torch.full((max_steps, batch_size), -1, dtype=torch.long, device=device)
+        # [S, B, k_max] sum_x min(q, p) at each draft position (read where the position was verified)
+        self.overlap = torch.zeros(max_steps, batch_size, k_max, device=device)
+        self.step_index = torch.zeros(1, dtype=torch.long, device=device)  # [1] the next step's row of the log
+        self.depths: list[int] = []  # per step: draft positions k (a tree's levels)
+        self.drafted: list[int] = []  # per step: tokens each generating row drafted (a tree's nodes)
+        self.overlap_logged: list[bool] = []  # per step: the overlap was measured (chains with drafts)
+        self.overlap_is_acceptance: list[bool] = []  # per step: ... and is 1 exactly where a draft was kept
+
+    def add(self, rows: torch.Tensor, kept_or_idle: torch.Tensor, proposal, judgement) -> None:
+        """Log one step on the device: ``rows`` [B'] the original rows of the batch, ``kept_or_idle`` [B'] drafts
+        kept per row (-1 for rows not generating), the ``proposal`` and the verifier's ``judgement``. The step's
+        index is a device counter, so a captured step logs at the right place on every replay; ``note`` records
+        the step on the host."""
+        layout = proposal.layout
+        step = self.step_index.expand_as(rows)  # [B']
+        self.accepted.index_put_((step, rows), kept_or_idle)
+        if self.measures(layout) and not judgement.overlap_is_acceptance:
+            self.overlap[:, :, : layout.depth].index_put_((step, rows), self.measure_overlap(proposal, judgement))
+        self.step_index += 1
+
+    def note(self, layout, overlap_is_acceptance: bool) -> None:
+        """Record a logged step's shape on the host (once per step, also for replays of a captured step)."""
+        measured = self.measures(layout)
+        self.depths.append(layout.depth)
+        self.drafted.append(layout.num_nodes)
+        self.overlap_logged.append(measured)
+        self.overlap_is_acceptance.append(measured and overlap_is_acceptance)
+
+    @staticmethod
+    def measures(layout) -> bool:
+        return layout.measures_overlap and layout.depth > 0
+
+    @staticmethod
+    def measure_overlap(proposal, judgement) -> torch.Tensor:
+        """[B, k] sum_x min(q, p) at each draft position of a chain (q = onehot(draft) where the drafter gives no
+        distributions, p = onehot(argmax) where judged on ids)."""
+        k = proposal.layout.depth
+        if judgement.target_probs is None:
+            return (proposal.tokens == judgement.target_choice[:, :k]).float()
+        target_probs = judgement.target_probs[:, :k]  # [B, k, V]
+        if proposal.probs is None:
+            return probs_of(target_probs, proposal.tokens)
+        return torch.minimum(proposal.probs, target_probs).sum(-1)
+
+    def row_stats(self, emitted: torch.Tensor) -> tuple[list[RowStats], float, int]:
+        """Each row's counts, and the sum and count of the overlap over the verified draft positions."""
+        steps, device = len(self.depths), self.accepted.device
+        accepted = self.accepted[:steps]  # [S, B]
+        generating = accepted >= 0  # [S, B]
+        depths = torch.tensor(self.depths, device=device)  # [S]
+        position = torch.arange(self.overlap.shape[2], device=device)  # [k_max]
+        drafted_position = generating.unsqueeze(2) & (position < depths[:, None, None])  # [S, B, k_max]
+        attempted = drafted_position & (accepted.unsqueeze(2) >= position)  # [S, B, k_max] reached position i
+        kept = drafted_position & (accepted.unsqueeze(2) > position)  # [S, B, k_max] accepted at position i
+        drafted = (torch.tensor(self.drafted, device=device).unsqueeze(1) * generating).sum(0)  # [B]
+        columns = zip(
+            emitted.tolist(),
+            drafted.tolist(),
+            accepted.clamp_min(0).sum(0).tolist(),
+            generating.sum(0).tolist(),
+            attempted.sum(0).tolist(),
+            kept.sum(0).tolist(),
+        )
+        measured = attempted & torch.tensor(self.overlap_logged, device=device)[:, None, None]  # [S, B, k_max]
+        from_acceptance = torch.tensor(self.overlap_is_acceptance, device=device)[:, None, None]  # [S, 1, 1]
+        overlap = torch.where(from_acceptance, kept.double(), self.overlap[:steps].double())  # [S, B, k_max]
+        overlap_sum = (overlap * measured).sum().item()
+        return [RowStats(*column) for column in columns], overlap_sum, int(measured.sum())

@@ -19,21 +19,13 @@ from dataclasses import dataclass
 import torch
 
 from specdec.checks import check_draft_length, check_positive, check_probability
-from specdec.interfaces import AcceptanceStrategy, as_strategy, count_leading_true, greedy_verdict
+from specdec.interfaces import AcceptanceStrategy, as_strategy
+from specdec.rules import (
+    count_leading_true, first_accepted_path, greedy_tree, greedy_verdict, node_probs, nodewise_tree, probs_of, row_at,
+    speculative_tree,
+)
 from specdec.sampling import sample
-from specdec.tree import first_accepted_path, greedy_tree, node_probs, nodewise_tree, speculative_tree
-from specdec.types import TreeVerdict, Verdict
-
-
-def probs_of(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """[B, k, V] probabilities, [B, k] tokens -> [B, k] probability of each token."""
-    return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-
-
-def row_at(probs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """[B, n, V] probabilities, [B] positions -> [B, V] the distribution at each row's position."""
-    batch, _, vocab = probs.shape
-    return probs.gather(1, index.view(batch, 1, 1).expand(batch, 1, vocab)).squeeze(1)
+from specdec.types import Verdict
 
 
 def sample_at_first_rejection(
@@ -51,14 +43,16 @@ class Greedy(AcceptanceStrategy):
     """
 
     name: str = "greedy"
+    trusted_verdicts: bool = True
     lossless: bool = True
     greedy_at_point_masses: bool = True
     judges_trees: bool = True
+    requires_greedy: bool = True
 
     def __call__(self, draft_tokens, draft_probs, target_probs, generator) -> Verdict:
         return greedy_verdict(draft_tokens, target_probs.argmax(-1))
 
-    def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> TreeVerdict:
+    def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> Verdict:
         return greedy_tree(shape, tokens, target_probs.argmax(-1))
 
 
@@ -74,6 +68,7 @@ class Speculative(AcceptanceStrategy):
 
     lenience: float = 1.0
     name: str = "speculative"
+    trusted_verdicts: bool = True
     greedy_at_point_masses: bool = True  # q(x) = 1 always accepts where p(x) = 1; the residual is p itself
     judges_trees: bool = True
 
@@ -98,7 +93,7 @@ class Speculative(AcceptanceStrategy):
         next_token = sample(residual, generator)  # [B]; sample normalises
         return Verdict(num_accepted, next_token)
 
-    def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> TreeVerdict:
+    def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> Verdict:
         """SpecInfer's multi-step speculative sampling (``specdec.tree.speculative_tree``), with this lenience."""
         return speculative_tree(shape, tokens, draft_probs, target_probs, generator, self.lenience)
 
@@ -115,6 +110,7 @@ class Typical(AcceptanceStrategy):
     epsilon: float = 0.09
     delta: float = 0.3
     name: str = "typical"
+    trusted_verdicts: bool = True
     lossless: bool = False
     judges_trees: bool = True
 
@@ -137,7 +133,7 @@ class Typical(AcceptanceStrategy):
         num_accepted = count_leading_true(accepted)
         return Verdict(num_accepted, sample_at_first_rejection(target_probs, num_accepted, generator))
 
-    def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> TreeVerdict:
+    def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> Verdict:
         """Each node by the same test against p at its parent; the first path accepted node by node."""
         accepted = node_probs(target_probs, tokens, shape) > self.threshold(target_probs)[:, shape.parent]  # [B, N]
         return nodewise_tree(shape, accepted, target_probs, generator)
@@ -153,6 +149,7 @@ class TopK(AcceptanceStrategy):
 
     n: int = 5
     name: str = "topk"
+    trusted_verdicts: bool = True
     lossless: bool = False
     greedy_at_point_masses: bool = True
     judges_trees: bool = True
@@ -167,7 +164,7 @@ class TopK(AcceptanceStrategy):
         num_accepted = count_leading_true((p_of_draft >= nth_largest) & (p_of_draft > 0))
         return Verdict(num_accepted, sample_at_first_rejection(target_probs, num_accepted, generator))
 
-    def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> TreeVerdict:
+    def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> Verdict:
         """Each node by the same test against p at its parent; the first path accepted node by node."""
         nth_largest = target_probs.topk(min(self.n, target_probs.shape[-1]), dim=-1).values[..., -1]  # [B, N+1]
         p_of_node = node_probs(target_probs, tokens, shape)  # [B, N]
@@ -188,6 +185,7 @@ class SyntheticAcceptance(AcceptanceStrategy):
 
     acceptance: float = 0.7
     name: str = "synthetic"
+    trusted_verdicts: bool = True
     lossless: bool = False
     judges_ids = True  # at temperature 0 its own rule on ids (verdict_from_ids), not greedy matching
     judges_trees: bool = True
@@ -212,12 +210,12 @@ class SyntheticAcceptance(AcceptanceStrategy):
         """[B, N] each node accepted with probability a, on its own."""
         return torch.rand(tokens.shape, generator=generator, device=tokens.device) < self.acceptance
 
-    def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> TreeVerdict:
+    def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> Verdict:
         return nodewise_tree(shape, self.accepted_nodes(tokens, generator), target_probs, generator)
 
-    def tree_verdict_from_ids(self, shape, tokens, target_choice, generator) -> TreeVerdict:
+    def tree_verdict_from_ids(self, shape, tokens, target_choice, generator) -> Verdict:
         num_accepted, path, end = first_accepted_path(shape, self.accepted_nodes(tokens, generator))
-        return TreeVerdict(num_accepted, target_choice.gather(1, end.unsqueeze(1)).squeeze(1), path)
+        return Verdict(num_accepted, target_choice.gather(1, end.unsqueeze(1)).squeeze(1), path)
 
 
 STRATEGIES = {

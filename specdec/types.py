@@ -3,9 +3,11 @@
 Notation (Leviathan et al. 2023): ``p`` is the **target** distribution, ``q`` the **draft** distribution.
 Code spells them out as ``target_probs`` and ``draft_probs``.
 
-Shapes: ``B`` batch rows, ``k`` draft tokens proposed this step, ``V`` vocabulary size.
-A step feeds the target ``k + 1`` tokens (the last emitted token and the ``k`` drafts) and gets ``k + 1``
-distributions: position ``i < k`` verifies draft token ``i``; position ``k`` gives the bonus token.
+Shapes: ``B`` batch rows, ``k`` draft tokens proposed this step, ``V`` vocabulary size; a token tree has ``N``
+nodes over ``d`` levels (a chain: N = d = k). A step feeds the target the last emitted token (the root, position
+0) and the N proposed tokens (positions 1..N) and gets N + 1 distributions: position i's distribution verifies
+the children of position i; a chain's position k gives the bonus token. Words the code coins (hole, queue, root,
+region, ...) are defined in docs/glossary.md.
 """
 
 from __future__ import annotations
@@ -16,42 +18,34 @@ import torch
 
 
 @dataclass(frozen=True)
-class Proposal:
-    """What a drafter proposes for one step."""
-
-    tokens: torch.Tensor  # [B, k] long
-    probs: torch.Tensor | None  # [B, k, V] draft distributions q, or None for point masses q = onehot(tokens)
-    # (n-gram drafts; model drafts at temperature 0)
-    finite: torch.Tensor | None = None  # [] bool: False if draft logits were unusable (``sampling.usable``);
-    # checked at the step sync
-    tree: TreeShape | None = None  # a token tree: tokens [B, N] are its nodes, probs [B, I, V] the draft
-    # distributions each internal position's children were drawn from (``TreeShape.num_internal``)
-
-
-@dataclass(frozen=True)
 class Verdict:
-    """What an acceptance strategy decides for one step."""
+    """What an acceptance strategy decides for one step.
 
-    num_accepted: torch.Tensor  # [B] long in [0, k]: leading draft tokens kept
-    next_token: torch.Tensor  # [B] long: the token emitted after the kept drafts (correction or bonus)
+    A chain rule may leave ``path`` None; the proposal's layout (``specdec.layout``) fills it in, so the loop always
+    sees the accepted path."""
+
+    num_accepted: torch.Tensor  # [B] long in [0, d]: proposed tokens kept (the accepted path's depth)
+    next_token: torch.Tensor  # [B] long: the token emitted after the kept ones (correction or bonus)
+    path: torch.Tensor | None = None  # [B, d] positions (1..N) of the accepted path's nodes by depth; entries past
+    # num_accepted mean nothing (a chain's path is 1..k)
 
 
 @dataclass(frozen=True)
 class StepOutcome:
     """What one step decided, for drafters and policies to learn from (``Drafter.commit``, ``observe``)."""
 
-    k: int  # drafts proposed this step
+    k: int  # draft positions proposed this step (a tree's levels)
+    layout: VerifyLayout  # how the proposal was laid out (``specdec.layout``)
     num_accepted: torch.Tensor  # [B] drafts kept per row
     next_token: torch.Tensor  # [B] token emitted after the kept drafts
+    path: torch.Tensor  # [B, k] positions (1..N) of the accepted path's nodes (a chain: 1..k)
     new_tokens: torch.Tensor  # [B, k+1] kept drafts then next_token; only the first num_new are real
     num_new: torch.Tensor  # [B] tokens emitted this step (0 for rows already finished)
     active: torch.Tensor  # [B] bool, rows still generating during this step
     active_after: torch.Tensor  # [B] bool, rows still generating after it (the others leave the batch or feed holes)
-    max_accepted: int  # host copies over active rows
-    min_accepted: int
+    host: HostSync | None  # the step's host copies; None where the step runs on the device and reads none
     draft_seconds: float
     target_seconds: float
-    path: torch.Tensor | None = None  # trees: [B, d] positions of the accepted nodes (``TreeVerdict.path``)
 
 
 @dataclass(frozen=True)
@@ -95,9 +89,13 @@ class TreeShape:
 
 
 @dataclass(frozen=True)
-class TreeVerdict(Verdict):
-    """What a strategy decides for one tree: ``num_accepted`` [B] is the depth of the accepted path, ``next_token``
-    [B] the token after it, and ``path`` [B, d] the positions (1..N) of the path's nodes by depth; entries past
-    num_accepted are 0 (the root) and mean nothing."""
+class HostSync:
+    """The scalars the host reads after a step (one device-to-host copy), where the loop reads them."""
 
-    path: torch.Tensor  # [B, d]
+    remaining_max: int  # largest budget left over active rows; 0 ends the call
+    room_min: int  # smallest context room left over active rows (bounds the next k; k_max when it cannot bind)
+    num_active: int  # rows still generating after the step
+    max_accepted: int  # over the rows generating during the step (0 when nothing was drafted)
+    min_accepted: int
+    max_new: int  # tokens emitted this step, over all rows (bounds the rollback)
+    min_new: int

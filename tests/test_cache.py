@@ -4,13 +4,13 @@ import pytest
 import torch
 
 import specdec
-from specdec.cache import KVCache
+from specdec.cache import CachedModel
 from conftest import hf_greedy, left_pad, random_prompts
 
 
-def decoder(target, draft, layout):
-    return specdec.Decoder(target, specdec.ModelDrafter(draft, cache_layout=layout), specdec.Greedy(),
-                           specdec.FixedLength(5), cache_layout=layout)
+def decoder(target, draft, layout, forward="auto"):
+    return specdec.Decoder(target, specdec.ModelDrafter(draft, cache_layout=layout, forward=forward), specdec.Greedy(),
+                           specdec.FixedLength(5), cache_layout=layout, forward=forward)
 
 
 @pytest.mark.parametrize("layout", ["dynamic", "static"])
@@ -21,24 +21,35 @@ def test_ragged_batch_with_many_rejections_is_exact_in_both_layouts(target, draf
     assert out.tokens == [hf_greedy(target, p, 70) for p in prompts]
 
 
+def masked_cache(model, batch_size, layout="dynamic", capacity=64):
+    return CachedModel(model, "target", forward="transformers", cache_layout=layout).new_cache(
+        batch_size, capacity, torch.device("cpu"))
+
+
+def feed_and_keep(cache, tokens, num_kept, max_kept):
+    """Feed [B, n] tokens as one step's region and keep each row's first ``num_kept`` [B] of them."""
+    cache.feed(tokens)
+    kept = torch.arange(tokens.shape[1]) < torch.tensor(num_kept).unsqueeze(1)  # [B, n]
+    cache.keep(kept, prefix=True, max_kept=max_kept)
+
+
 def test_compaction_gathers_committed_slots_and_keeps_logits_exact(target):
     prompts = random_prompts([4, 9], seed=22)
     ids, mask = left_pad(prompts)
-    cache = KVCache(target, 2, ids.device, "target")
-    cache.forward(ids, mask)
+    cache = masked_cache(target, 2)
+    cache.feed(ids, mask)
+    cache.keep(mask.bool(), prefix=True, max_kept=ids.shape[1])
     holes = torch.tensor([[7, 8, 9], [10, 11, 12]])
-    cache.forward(holes, torch.ones_like(holes))
-    cache.keep(torch.tensor([0, 0]), 3, max_kept=0)  # every row rejects: cropped, no holes left
+    feed_and_keep(cache, holes, [0, 0], max_kept=0)  # every row rejects: cropped, no holes left
     assert cache.num_slots == ids.shape[1]
-    cache.forward(holes, torch.ones_like(holes))
-    cache.keep(torch.tensor([1, 3]), 3, max_kept=3)  # row 0 keeps one of three: two holes
+    feed_and_keep(cache, holes, [1, 3], max_kept=3)  # row 0 keeps one of three: two holes
     assert cache.num_slots == ids.shape[1] + 3
     committed_before = cache.mask.sum(-1).tolist()
     cache.compact()
     assert cache.mask.sum(-1).tolist() == committed_before
     assert cache.num_slots == max(committed_before)
     nxt = torch.tensor([[5], [6]])
-    logits = cache.forward(nxt, torch.ones_like(nxt))[:, -1]
+    logits = cache.feed(nxt)[:, -1]
     expected = [target(torch.tensor([p + row + n])).logits[0, -1]
                 for p, row, n in zip(prompts, ([7], [10, 11, 12]), ([5], [6]))]
     assert torch.allclose(logits, torch.stack(expected), atol=1e-10)
@@ -50,27 +61,30 @@ def test_static_cache_compacts_when_full_and_matches_dynamic(target, draft, monk
     import specdec.cache as cache_module
 
     compactions = []
-    original = cache_module.KVCache.compact
+    original = cache_module.MaskedCache.compact
     monkeypatch.setattr(cache_module, "STATIC_CACHE_SLACK", -20)
     monkeypatch.setattr(cache_module, "STATIC_CAPACITY_STEP", 1)
-    monkeypatch.setattr(cache_module, "STATIC_POOL", {})  # no roomier cache pooled by earlier tests
-    monkeypatch.setattr(cache_module.KVCache, "compact", lambda self: compactions.append(self.label) or original(self))
+    monkeypatch.setattr(cache_module.MaskedCache, "compact",
+                        lambda self: compactions.append(self.label) or original(self))
     prompts = random_prompts([2, 10, 6], seed=23)
     ids, mask = left_pad(prompts)
     runs = {
-        layout: specdec.Decoder(target, specdec.ModelDrafter(draft, cache_layout=layout), specdec.Speculative(),
-                                specdec.FixedLength(5), specdec.SamplingConfig(temperature=1.0), cache_layout=layout,
+        layout: specdec.Decoder(target, specdec.ModelDrafter(draft, cache_layout=layout, forward="transformers"),
+                                specdec.Speculative(), specdec.FixedLength(5), specdec.SamplingConfig(temperature=1.0),
+                                cache_layout=layout, forward="transformers",
                                 retire_finished_rows=False,  # the static layout keeps rows: same batch, same stream
                                 ).generate(ids, mask, max_new_tokens=40, seed=3)
         for layout in ("dynamic", "static")
     }
     assert runs["static"].tokens == runs["dynamic"].tokens
-    assert compactions  # the same KVCache code compacts target and draft caches
+    assert compactions  # the same MaskedCache code compacts target and draft caches
 
 
-def test_unknown_layout_is_rejected(target):
+def test_unknown_layout_and_forward_are_rejected(target):
     with pytest.raises(ValueError, match="unknown cache layout 'paged'; known layouts: dynamic, static"):
-        KVCache(target, 1, torch.device("cpu"), "target", "paged")
+        CachedModel(target, "target", cache_layout="paged")
+    with pytest.raises(ValueError, match="forward must be one of auto, lean, transformers, got 'fast'"):
+        CachedModel(target, "target", forward="fast")
 
 
 class WithoutBody(torch.nn.Module):
@@ -85,16 +99,16 @@ class WithoutBody(torch.nn.Module):
 
 
 @pytest.mark.parametrize("wrap", [False, True], ids=["body", "whole-model"])
-def test_prefill_fills_the_cache_as_a_full_forward_does(target, wrap):
+def test_a_feed_without_logits_fills_the_cache_as_a_full_forward_does(target, wrap):
+    """No logit column asked: the model's body runs alone (the whole model where it has no ``base_model``)."""
     model = WithoutBody(target) if wrap else target
     ids, mask = left_pad(random_prompts([5, 8], seed=23))
-    full, prefilled = KVCache(model, 2, ids.device, "target"), KVCache(model, 2, ids.device, "target")
-    assert (prefilled.body is model) == wrap
-    full.forward(ids, mask)
-    prefilled.prefill(ids, mask)
+    full, body_only = masked_cache(model, 2), masked_cache(model, 2)
+    assert (body_only.body is model) == wrap
+    full.feed(ids, mask)
+    body_only.feed(ids, mask, logit_columns=torch.arange(0))
     nxt = torch.tensor([[5], [6]])
-    torch.testing.assert_close(prefilled.forward(nxt, torch.ones_like(nxt)), full.forward(nxt, torch.ones_like(nxt)),
-                               rtol=0, atol=1e-12)
+    torch.testing.assert_close(body_only.feed(nxt), full.feed(nxt), rtol=0, atol=1e-12)
 
 
 DRAFTERS = {
@@ -129,31 +143,34 @@ def test_finished_rows_leave_the_batch_and_greedy_results_stay_the_same(target, 
     assert retired_widths == sorted(retired_widths, reverse=True) and retired_widths[-1] < 4
 
 
-def test_static_caches_are_pooled_across_calls_and_grow_when_a_call_needs_more(target, draft, monkeypatch):
-    """Compiled code guards on the cache tensors and CUDA graphs replay on their addresses: a later call of the
-    same model, role and batch size must get the same tensors back, emptied; one that needs more room gets a
-    larger cache, which replaces the pooled one. Results equal the dynamic layout's either way."""
-    import specdec.cache as cache_module
-
-    monkeypatch.setattr(cache_module, "STATIC_POOL", {})
+def test_static_caches_are_pooled_by_their_decoder_and_freed_by_release(target, draft):
+    """Compiled code guards on the cache tensors and CUDA graphs replay on their addresses: a later call of the same
+    Decoder and batch size gets the same tensors back, emptied; one that needs more room gets a larger cache, which
+    replaces the pooled one; ``release`` frees them all. Each Decoder (and drafter) owns its own pool: no registry
+    outlives them. Results equal the dynamic layout's either way."""
     ids, mask = left_pad(random_prompts([3, 8], seed=5))
-
-    def run(layout, max_new_tokens):
-        return decoder(target, draft, layout).generate(ids, mask, max_new_tokens=max_new_tokens)
+    static = decoder(target, draft, "static", forward="transformers")
 
     def pooled_keys():  # the pooled key tensor of layer 0 per role (the tensor, not its address: memory is reused)
-        return {role: past.layers[0].keys for (_, role, _), (_, past, _) in cache_module.STATIC_POOL.items()}
+        return {role: runner.pool[2][0].layers[0].keys
+                for role, runner in (("target", static.runner), ("draft", static.drafter.runner))}
 
-    first = run("static", 20)
+    def run(decoder_, max_new_tokens):
+        return decoder_.generate(ids, mask, max_new_tokens=max_new_tokens).tokens
+
+    dynamic = decoder(target, draft, "dynamic", forward="transformers")
+    first = run(static, 20)
     addresses = pooled_keys()
-    assert set(addresses) == {"target", "draft"}
-    second = run("static", 20)
+    assert run(static, 20) == first == run(dynamic, 20)
     assert all(pooled_keys()[role] is addresses[role] for role in addresses)
-    assert second.tokens == first.tokens == run("dynamic", 20).tokens
-    longer = run("static", 400)  # needs more than the first capacity (rounded up to 256 slots)
+    other = decoder(target, draft, "static", forward="transformers")
+    assert run(other, 20) == first and other.runner.pool[2][0].layers[0].keys is not addresses["target"]
+    longer = run(static, 400)  # needs more than the first capacity (rounded up to 256 slots)
     assert pooled_keys()["target"] is not addresses["target"]
     assert pooled_keys()["target"].shape[2] > addresses["target"].shape[2]
-    assert longer.tokens == run("dynamic", 400).tokens
+    assert longer == run(dynamic, 400)
+    static.release()
+    assert not static.runner.pool and not static.drafter.runner.pool
 
 
 @pytest.mark.slow
@@ -179,20 +196,20 @@ def test_a_dense_cache_passes_no_mask_and_its_logits_equal_the_masked_path(targe
     masks = []
     hook = target.register_forward_pre_hook(lambda module, args, kwargs: masks.append(kwargs.get("attention_mask")),
                                             with_kwargs=True)
-    dense, masked = KVCache(target, 1, prompt.device, "target"), KVCache(target, 1, prompt.device, "target")
-    masked.dense = False
+    dense, masked = masked_cache(target, 1), masked_cache(target, 1)
+    masked.leave_dense()
     logits = []
     for cache in (dense, masked):
-        first = cache.prefill_and_predict(prompt, torch.ones_like(prompt))  # [1, 1, V]
         drafts = torch.tensor([[5, 6, 7]])
-        verify = cache.forward(drafts, torch.ones_like(drafts))  # [1, 3, V]
-        cache.keep(torch.tensor([1]), 3, max_kept=1, min_kept=1)  # keep one draft, crop two
-        after = cache.forward(drafts[:, :1], torch.ones_like(drafts[:, :1]))
-        logits.append(torch.cat([first, verify, after], 1))
-    assert all(mask is None for mask in masks[:3]) and all(mask is not None for mask in masks[3:])
+        verify = cache.feed(torch.cat([prompt, drafts], 1), logit_columns=torch.arange(5, 9))  # [1, 4, V]
+        kept = torch.arange(9) < 7  # the prompt and one draft: the region's first seven slots
+        cache.keep(kept.unsqueeze(0), prefix=True, max_kept=7)
+        after = cache.feed(drafts[:, :1])
+        logits.append(torch.cat([verify, after], 1))
+    assert all(mask is None for mask in masks[:2]) and all(mask is not None for mask in masks[2:])
     assert dense.dense and dense.num_slots == masked.num_slots == 8
     assert torch.allclose(logits[0], logits[1], atol=1e-12, rtol=0)
     hook.remove()
-    padded = KVCache(target, 1, prompt.device, "target")
-    padded.prefill(prompt, torch.tensor([[0, 1, 1, 1, 1, 1]]))
-    assert not padded.dense and not KVCache(target, 2, prompt.device, "target").dense
+    padded = masked_cache(target, 1)
+    padded.feed(prompt, torch.tensor([[0, 1, 1, 1, 1, 1]]), logit_columns=torch.arange(0))
+    assert not padded.dense and not masked_cache(target, 2).dense

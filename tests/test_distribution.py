@@ -14,7 +14,7 @@ import torch
 
 import specdec
 from specdec.sampling import SamplingConfig, logits_to_probs, sample
-from specdec.interfaces import count_leading_true
+from specdec.rules import count_leading_true
 from specdec.strategies import Speculative
 from specdec.testing import chi_square_p_value, continuation_codes, exact_joint
 from specdec.types import Verdict

@@ -22,12 +22,14 @@ import specdec
 from specdec.decode import Decoder
 from specdec.drafters import ModelDrafter
 from specdec.early_exit import EarlyExitDrafter, shallow_view
-from specdec.interfaces import count_leading_true
+from specdec.rules import count_leading_true
 from specdec.ngram import NGramDrafter
 from specdec.policies import ConfidenceLength, CostOptimalLength, FixedLength, HeuristicLength
 from specdec.sampling import SamplingConfig, sample
-from specdec.strategies import Speculative, probs_of, row_at
-from specdec.types import StepOutcome
+from specdec.rules import probs_of, row_at
+from specdec.strategies import Speculative
+from specdec.layout import ChainLayout
+from specdec.types import HostSync, StepOutcome
 from specdec.types import Verdict
 from conftest import left_pad, tiny_gpt2
 
@@ -185,11 +187,17 @@ def test_batched_matching_equals_the_row_by_row_rule_through_ragged_commits():
         for i, count in enumerate(num_new.tolist()):
             rows[i].extend(new_tokens[i, :count].tolist())
         live = num_accepted[active]
-        drafter.commit(StepOutcome(k, num_accepted, new_tokens[:, -1], new_tokens, num_new, active, active,
-                                   int(live.max()), int(live.min()), 0.0, 0.0))
+        host = HostSync(remaining_max=1, room_min=k, num_active=int(active.sum()), max_accepted=int(live.max()),
+                        min_accepted=int(live.min()), max_new=int(num_new.max()), min_new=int(num_new.min()))
+        drafter.commit(StepOutcome(k, ChainLayout(k), num_accepted, new_tokens[:, -1], chain_path(len(rows), k),
+                                   new_tokens, num_new, active, active, host, 0.0, 0.0))
     assert drafter.lengths.tolist() == [len(r) for r in rows]
     assert max(map(len, rows)) > capacity  # the history buffer had to grow on the way
     assert ngram_lengths_seen == {0, 1, 2, 3}  # no match, and matches of each length, all came up
+
+
+def chain_path(batch: int, k: int) -> torch.Tensor:
+    return torch.arange(1, k + 1).expand(batch, k)
 
 
 # --- early exit ------------------------------------------------------------------------------------------------

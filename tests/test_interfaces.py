@@ -12,7 +12,7 @@ import specdec
 from specdec.decode import Rows
 from specdec.early_exit import EarlyExitDrafter
 from specdec.interfaces import AcceptanceStrategy, Drafter, DraftLengthPolicy, as_strategy
-from specdec.types import Proposal
+from specdec.layout import Proposal
 from tests.conftest import left_pad, tiny_gpt2
 
 
@@ -29,7 +29,6 @@ def draft():
 def test_selecting_rows_keeps_every_field_of_the_same_rows():
     batch = 5
     values = {field.name: torch.arange(batch) * 10 + i for i, field in enumerate(fields(Rows))}  # [B] each
-    values["no_drafts"] = torch.arange(batch).unsqueeze(1)[:, :0]  # [B, 0]
     rows = Rows(**values)
     keep = torch.tensor([4, 1])
     kept = rows.select(keep)

@@ -10,7 +10,8 @@ import itertools
 import pytest
 import torch
 
-from specdec.types import StepOutcome
+from specdec.layout import ChainLayout
+from specdec.types import HostSync, StepOutcome
 from specdec.policies import ConfidenceLength, CostOptimalLength, FixedLength, HeuristicLength
 from specdec.stats import predicted_speedup
 
@@ -21,11 +22,14 @@ def outcome(k: int, accepted: list[int], active: list[bool] | None = None, draft
     active = torch.tensor(active) if active is not None else torch.ones(len(accepted), dtype=torch.bool)
     new_tokens = torch.zeros(len(accepted), k + 1, dtype=torch.long)
     live = num_accepted[active]
+    num_new = (num_accepted + 1) * active
+    host = HostSync(remaining_max=1, room_min=k, num_active=int(active.sum()),
+                    max_accepted=int(live.max()) if len(live) else -1, min_accepted=int(live.min()) if len(live) else k,
+                    max_new=int(num_new.max()), min_new=int(num_new.min()))
     return StepOutcome(
-        k=k, num_accepted=num_accepted, next_token=new_tokens[:, 0], new_tokens=new_tokens,
-        num_new=(num_accepted + 1) * active, active=active, active_after=active,
-        max_accepted=int(live.max()) if len(live) else -1, min_accepted=int(live.min()) if len(live) else k,
-        draft_seconds=draft_seconds, target_seconds=target_seconds,
+        k=k, layout=ChainLayout(k), num_accepted=num_accepted, next_token=new_tokens[:, 0],
+        path=torch.arange(1, k + 1).expand(len(accepted), k), new_tokens=new_tokens, num_new=num_new,
+        active=active, active_after=active, host=host, draft_seconds=draft_seconds, target_seconds=target_seconds,
     )
 
 

@@ -8,7 +8,7 @@ from conftest import hf_greedy, left_pad, random_prompts
 
 import specdec
 from specdec.sampling import SamplingConfig, finite_peaks, greedy_choice, logits_to_probs, one_hot_probs, usable
-from specdec.interfaces import greedy_verdict
+from specdec.rules import greedy_verdict
 from specdec.strategies import Greedy, Speculative, TopK, Typical, make_strategy
 
 GEN = torch.Generator().manual_seed(0)
@@ -183,12 +183,12 @@ def test_synthetic_acceptance_at_temperature_0_judges_token_ids_and_emits_the_ta
                                                                                              monkeypatch):
     """At temperature 0 no one-hot distributions are built and the strategy's probability path never runs; with
     acceptance 0 every draft is rejected, so the output is the target's own greedy decoding."""
-    import specdec.decode as decode_module
+    import specdec.verify as verify_module
 
     def refuse(*args):
         raise AssertionError("built one-hot distributions at temperature 0")
 
-    monkeypatch.setattr(decode_module, "one_hot_probs", refuse)
+    monkeypatch.setattr(verify_module, "one_hot_probs", refuse)
     monkeypatch.setattr(specdec.SyntheticAcceptance, "__call__", refuse)
     prompt = random_prompts([6], seed=4)[0]
     decoder = specdec.Decoder(target, specdec.ModelDrafter(draft), specdec.SyntheticAcceptance(0.0),

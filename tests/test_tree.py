@@ -8,12 +8,13 @@ import pytest
 import torch
 
 import specdec
-from specdec.cache import KVCache
+from specdec.cache import CachedModel, TreeFeed
 from specdec.sampling import SamplingConfig, sample
 from specdec.strategies import Speculative
 from specdec.testing import chi_square_p_value, check_lossless, continuation_codes, exact_joint
-from specdec.tree import first_accepted_path, greedy_tree, kept_positions, speculative_tree, tree_shape
-from specdec.types import TreeVerdict
+from specdec.rules import first_accepted_path, greedy_tree, speculative_tree
+from specdec.tree import kept_positions, tree_shape
+from specdec.types import Verdict
 from conftest import PROMPT, SMALL_VOCAB, hf_greedy, left_pad, tiny_gpt2
 from test_distribution import SETTINGS
 
@@ -47,11 +48,13 @@ def test_every_node_sees_exactly_its_path(target):
     """One forward over the tree equals decoding each node's path on its own."""
     shape = tree_shape((2, 2))
     prompt = torch.tensor([[5, 6, 7, 8]])
-    cache = KVCache(target, 1, prompt.device, "target")
-    cache.prefill(prompt[:, :-1], torch.ones_like(prompt[:, :-1]))
+    cache = CachedModel(target, "target", forward="transformers").new_cache(1, 64, prompt.device)
+    body = prompt[:, :-1]
+    cache.feed(body, logit_columns=torch.arange(0))
+    cache.keep(torch.ones_like(body, dtype=torch.bool), prefix=True, max_kept=body.shape[1])
     nodes = torch.tensor([[10, 11, 12, 13, 14, 15]])
     ids = torch.cat([prompt[:, -1:], nodes], 1)  # the root (pending token), then the nodes
-    logits = cache.forward_tree(ids, shape.ancestors, shape.depth_offsets, torch.tensor([True]))  # [1, 7, V]
+    logits = cache.feed(ids, tree=TreeFeed(shape.depth_offsets, shape.ancestors))  # [1, 7, V]
     for position in range(shape.num_nodes + 1):
         path = shape.ancestors[position].nonzero().flatten().tolist()[1:]  # positions below the root
         alone = torch.cat([prompt, nodes[:, [p - 1 for p in path]]], 1)
@@ -113,7 +116,7 @@ def test_greedy_tree_verdict_on_ids():
     tokens = torch.tensor([[7, 8, 5, 6]])
     target_choice = torch.tensor([[8, 1, 6, 9, 4]])  # argmax at positions 0..4
     verdict = greedy_tree(shape, tokens, target_choice)
-    assert isinstance(verdict, TreeVerdict)
+    assert isinstance(verdict, Verdict)
     assert verdict.num_accepted.tolist() == [2] and verdict.path.tolist() == [[2, 4]]
     assert verdict.next_token.tolist() == [4]  # the argmax at the path's end
 
@@ -205,7 +208,7 @@ class NoResidualBetweenSiblings(Speculative):
                     ).clamp_min(0)
         residual = torch.where(alive.unsqueeze(1), target_probs[rows, node], residual)
         path = torch.stack(path, 1)
-        return TreeVerdict((path > 0).sum(-1), sample(residual, generator), path)
+        return Verdict((path > 0).sum(-1), sample(residual, generator), path)
 
 
 def tree_p_value(target, draft, strategy, branching, sampling, samples=6000, length=3) -> tuple[float, object]:
