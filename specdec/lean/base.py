@@ -121,9 +121,11 @@ class LeanForward:
     ) -> torch.Tensor:
         """Write the new [B, Hkv, n, hd] keys and values to their slots, then attend the first S slots: the
         [B, H, n, hd] attention output of the [B, H, n, hd] queries (grouped-query when H > Hkv)."""
-        index = write_slots[:, None, :, None].expand_as(key)  # [B, Hkv, n, hd]
-        key_buffer.scatter_(2, index, key)
-        value_buffer.scatter_(2, index, value)
+        # Indexed assignment (index_put_), not scatter_: inductor writes it in place, where a scatter into a graph
+        # input becomes a copy of the whole buffer.
+        rows = torch.arange(key.shape[0], device=key.device).unsqueeze(1)  # [B, 1]
+        key_buffer[rows, :, write_slots] = key.transpose(1, 2)  # [B, n, Hkv, hd] into slots [B, n]
+        value_buffer[rows, :, write_slots] = value.transpose(1, 2)
         slots = mask.shape[-1]
         return F.scaled_dot_product_attention(
             query, key_buffer[:, :, :slots], value_buffer[:, :, :slots], attn_mask=mask, scale=scale,
