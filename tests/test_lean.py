@@ -62,9 +62,10 @@ MODELS = {
     "gpt2-float64": lambda: tiny_gpt2_model(torch.float64),
     "gpt2-float32": lambda: tiny_gpt2_model(torch.float32),
     "llama": tiny_llama,
-    "llama-biases-llama3-rope": lambda: tiny_llama(attention_bias=True, mlp_bias=True, rope_parameters=dict(
-        rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-        original_max_position_embeddings=16)),
+    "llama-biases-llama3-rope-wide-heads": lambda: tiny_llama(
+        attention_bias=True, mlp_bias=True, head_dim=16, rope_parameters=dict(
+            rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+            original_max_position_embeddings=16)),
     "qwen2": tiny_qwen2,
 }
 
@@ -280,10 +281,12 @@ def test_rejects_an_attend_wider_than_the_buffers():
 
 
 def gpt2_with(**options) -> GPT2LMHeadModel:
-    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=16, n_layer=1, n_head=2, **options))
+    config = GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=16, n_layer=1, n_head=2, **options)
+    return GPT2LMHeadModel(config).eval()
 
 
 UNSUPPORTED = {  # a model lean_forward refuses -> words its reason must contain
+    "training-mode": (lambda: tiny_gpt2_model().train(), "training mode"),
     "gpt2-body": (lambda: GPT2Model(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2)), "GPT2Model"),
     "scale_attn_by_inverse_layer_idx": (lambda: gpt2_with(scale_attn_by_inverse_layer_idx=True),
                                         "scale_attn_by_inverse_layer_idx"),

@@ -34,6 +34,8 @@ def lean_support(model: torch.nn.Module) -> str | None:
     if family is None:
         supported = ", ".join(cls.__name__ for cls in FAMILIES)
         return f"{type(model).__name__} has no lean forward (supported: {supported})"
+    if model.training:
+        return f"{type(model).__name__} is in training mode: the lean forward applies no dropout (call model.eval())"
     return family[1](model)
 
 

@@ -74,11 +74,13 @@ class LeanForward:
         """
         self.check_call(input_ids, positions, write_slots, attend, keys, values)
         capacity = keys[0].shape[2]
-        write_slots = write_slots.clamp(0, capacity - 1)  # [B, n] junk rows stay inside the buffers
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device).unsqueeze(1)  # [B, 1]
+        # buffer[write_index] is the [B, n, Hkv, hd] block of the new tokens; junk rows stay inside the buffers
+        write_index = (rows, slice(None), write_slots.clamp(0, capacity - 1))
         hidden, rotary = self.embed(input_ids, positions)  # [B, n, D]; the family's position tensors or None
         mask = attend.unsqueeze(1)  # [B, 1, n, S] broadcast over heads
         for layer in range(self.num_layers):
-            hidden = self.block(layer, hidden, rotary, write_slots, mask, keys[layer], values[layer])
+            hidden = self.block(layer, hidden, rotary, write_index, mask, keys[layer], values[layer])
         if logit_columns is not None:
             hidden = hidden.index_select(1, logit_columns)  # [B, m, D]
         return self.head(hidden)  # [B, m, V]
@@ -100,7 +102,7 @@ class LeanForward:
         """[B, n, D] input hidden states, and what the blocks need to place tokens (rotary cos/sin or None)."""
         raise NotImplementedError
 
-    def block(self, layer: int, hidden, rotary, write_slots, mask, key_buffer, value_buffer) -> torch.Tensor:
+    def block(self, layer: int, hidden, rotary, write_index, mask, key_buffer, value_buffer) -> torch.Tensor:
         """One transformer block on [B, n, D] hidden states: the next [B, n, D]."""
         raise NotImplementedError
 
@@ -113,7 +115,7 @@ class LeanForward:
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        write_slots: torch.Tensor,
+        write_index: tuple,
         mask: torch.Tensor,
         key_buffer: torch.Tensor,
         value_buffer: torch.Tensor,
@@ -123,9 +125,8 @@ class LeanForward:
         [B, H, n, hd] attention output of the [B, H, n, hd] queries (grouped-query when H > Hkv)."""
         # Indexed assignment (index_put_), not scatter_: inductor writes it in place, where a scatter into a graph
         # input becomes a copy of the whole buffer.
-        rows = torch.arange(key.shape[0], device=key.device).unsqueeze(1)  # [B, 1]
-        key_buffer[rows, :, write_slots] = key.transpose(1, 2)  # [B, n, Hkv, hd] into slots [B, n]
-        value_buffer[rows, :, write_slots] = value.transpose(1, 2)
+        key_buffer[write_index] = key.transpose(1, 2)  # [B, n, Hkv, hd]
+        value_buffer[write_index] = value.transpose(1, 2)
         slots = mask.shape[-1]
         return F.scaled_dot_product_attention(
             query, key_buffer[:, :, :slots], value_buffer[:, :, :slots], attn_mask=mask, scale=scale,

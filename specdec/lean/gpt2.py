@@ -65,14 +65,14 @@ class GPT2Forward(LeanForward):
         hidden = F.embedding(input_ids, self.embedding) + F.embedding(positions, self.position_embedding)
         return hidden, None  # [B, n, D]; positions are in the embedding, nothing left for the blocks
 
-    def block(self, layer, hidden, rotary, write_slots, mask, key_buffer, value_buffer) -> torch.Tensor:
+    def block(self, layer, hidden, rotary, write_index, mask, key_buffer, value_buffer) -> torch.Tensor:
         weights = self.layers[layer]
         batch, n, width = hidden.shape
         x = F.layer_norm(hidden, (width,), weights.ln_1_weight, weights.ln_1_bias, self.eps)  # [B, n, D]
         qkv = torch.addmm(weights.attn_bias, x.view(batch * n, width), weights.attn_weight)  # [B*n, 3D]
         heads = qkv.view(batch, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [3, B, H, n, hd]
         query, key, value = heads.unbind(0)  # [B, H, n, hd] each
-        attended = self.attention(query, key, value, write_slots, mask, key_buffer, value_buffer, self.scale)
+        attended = self.attention(query, key, value, write_index, mask, key_buffer, value_buffer, self.scale)
         attended = attended.transpose(1, 2).reshape(batch * n, width)  # [B*n, D]
         hidden = hidden + torch.addmm(weights.attn_proj_bias, attended, weights.attn_proj_weight).view(batch, n, width)
         x = F.layer_norm(hidden, (width,), weights.ln_2_weight, weights.ln_2_bias, self.eps)  # [B, n, D]

@@ -97,7 +97,7 @@ class LlamaForward(LeanForward):
         cos, sin = self.rotary(hidden, positions)  # [B, n, hd] each, attention_scaling applied, in the model dtype
         return hidden, (cos.unsqueeze(1), sin.unsqueeze(1))  # [B, 1, n, hd] broadcast over heads
 
-    def block(self, layer, hidden, rotary, write_slots, mask, key_buffer, value_buffer) -> torch.Tensor:
+    def block(self, layer, hidden, rotary, write_index, mask, key_buffer, value_buffer) -> torch.Tensor:
         weights = self.layers[layer]
         batch, n, _ = hidden.shape
         cos, sin = rotary
@@ -106,7 +106,7 @@ class LlamaForward(LeanForward):
         key = F.linear(x, weights.k_weight, weights.k_bias).view(batch, n, -1, self.head_dim).transpose(1, 2)
         value = F.linear(x, weights.v_weight, weights.v_bias).view(batch, n, -1, self.head_dim).transpose(1, 2)
         query, key = rotate(query, cos, sin), rotate(key, cos, sin)  # [B, H, n, hd], [B, Hkv, n, hd]
-        attended = self.attention(query, key, value, write_slots, mask, key_buffer, value_buffer, self.scale)
+        attended = self.attention(query, key, value, write_index, mask, key_buffer, value_buffer, self.scale)
         attended = attended.transpose(1, 2).reshape(batch, n, -1)  # [B, n, H*hd]
         hidden = hidden + F.linear(attended, weights.o_weight, weights.o_bias)  # [B, n, D]
         x = self.rms_norm(hidden, weights.post_norm)
