@@ -13,7 +13,7 @@ from transformers import (DynamicCache, GPT2Config, GPT2LMHeadModel, GPT2Model, 
                           Qwen2Config, Qwen2ForCausalLM)
 
 import specdec
-from conftest import VOCAB, random_prompts, tiny_gpt2
+from conftest import VOCAB, hf_greedy, random_prompts, tiny_gpt2
 from specdec.batching import left_pad
 from specdec.lean import LeanForward, lean_forward, lean_support
 
@@ -141,6 +141,40 @@ def check_chain(model: torch.nn.Module, lengths: list[int], widths=(1, 5, 1, 3),
 @pytest.mark.parametrize("lengths", [[6], RAGGED], ids=["batch1", "ragged"])
 def test_chain_logits_equal_transformers(name, lengths):
     check_chain(MODELS[name](), lengths)
+
+
+def lean_greedy(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy decoding of left-padded prompts through the lean forward, one token per step: slot t holds token t
+    of the padded row, and padding is never attended."""
+    forward = lean_forward(model)
+    input_ids, mask = left_pad(prompts)
+    batch, width = input_ids.shape
+    keys, values = forward.new_buffers(batch, width + max_new_tokens)
+    real = mask.bool()  # [B, W]
+    positions = (real.cumsum(-1) - 1).clamp_min(0)  # [B, W]
+    slots = torch.arange(width).expand(batch, width)  # [B, W]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()  # [W, W]
+    attend = (real.unsqueeze(1) & causal) | torch.eye(width, dtype=torch.bool)  # [B, W, W] padding sees itself
+    logits = forward(input_ids, positions, slots, attend, keys, values, torch.tensor([width - 1]))  # [B, 1, V]
+    emitted = []
+    for step in range(max_new_tokens):
+        emitted.append(logits[:, -1].argmax(-1))  # [B]
+        slot = width + step
+        real = torch.cat([real, torch.ones(batch, 1, dtype=torch.bool)], dim=1)  # [B, slot + 1]
+        positions = positions[:, -1:] + 1  # [B, 1]
+        logits = forward(emitted[-1].unsqueeze(1), positions, torch.full((batch, 1), slot), real.unsqueeze(1),
+                         keys, values)
+    return torch.stack(emitted, dim=1).tolist()
+
+
+@pytest.mark.parametrize("name", ["gpt2-float64", "gpt2-float32", "llama", "qwen2"])
+@pytest.mark.parametrize("lengths", [[6], RAGGED], ids=["batch1", "ragged"])
+def test_greedy_tokens_equal_transformers_generate(name, lengths):
+    """Each row's greedy continuation equals transformers' ``generate`` on that prompt alone."""
+    model = MODELS[name]()
+    prompts = random_prompts(lengths, seed=15)
+    expected = [hf_greedy(model, prompt, max_new_tokens=12) for prompt in prompts]
+    assert lean_greedy(model, prompts, max_new_tokens=12) == expected
 
 
 @pytest.mark.parametrize("name", MODELS)
