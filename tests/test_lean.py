@@ -371,7 +371,7 @@ def test_compiled_equals_eager(name):
     """The call traces as one graph (no host reads, no breaks) and computes what eager does, buffers included."""
     model = MODELS[name]()
     forward = lean_forward(model)
-    compiled = torch.compile(forward.__call__, fullgraph=True, dynamic=False)
+    compiled = torch.compile(forward, fullgraph=True, dynamic=False)
     input_ids, mask = left_pad(random_prompts(RAGGED, seed=12))
     twin = Twin(model, len(RAGGED))
     twin.feed(input_ids, mask.bool())
