@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 from transformers.activations import ACT2FN
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from specdec.lean.base import LeanForward
 
-# These rope types rescale by the batch's largest position (a host read; rows would change each other's output).
+# Every rope type transformers' rotary module builds is computed by that module (a model with another type fails
+# to build). These two rescale by the batch's largest position: a host read, and rows would change each other.
 BATCH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 
@@ -49,8 +49,6 @@ def llama_unsupported(model: LlamaForCausalLM | Qwen2ForCausalLM) -> str | None:
     rotary = model.model.rotary_emb
     if rotary.rope_type in BATCH_DEPENDENT_ROPE:
         return f"{name} with rope type {rotary.rope_type!r}: its frequencies depend on the batch's largest position"
-    if rotary.rope_type != "default" and rotary.rope_type not in ROPE_INIT_FUNCTIONS:
-        return f"{name} with rope type {rotary.rope_type!r}: transformers' rotary module does not handle it"
     head_dim = model.model.layers[0].self_attn.head_dim
     if 2 * rotary.inv_freq.numel() != head_dim:
         return f"{name} rotates {2 * rotary.inv_freq.numel()} of {head_dim} head dimensions (partial rotary)"
