@@ -332,6 +332,9 @@ UNSUPPORTED = {  # a model lean_forward refuses -> words its reason must contain
                                   "sliding_attention"),
     "dynamic-rope": (lambda: tiny_llama(rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0)),
                      "'dynamic'"),
+    "longrope": (lambda: tiny_llama(rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                                                         short_factor=[1.0] * 4, long_factor=[2.0] * 4,
+                                                         original_max_position_embeddings=64)), "'longrope'"),
     "partial-rotary": (lambda: tiny_llama(rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0,
                                                                partial_rotary_factor=0.5)), "partial rotary"),
 }
