@@ -85,7 +85,7 @@ class Twin:
         self.keys, self.values = self.forward.new_buffers(batch_size, capacity)
         self.committed = torch.zeros(batch_size, 0, dtype=torch.bool)  # [B, S]
 
-    def feed(self, input_ids: torch.Tensor, real: torch.Tensor, logit_columns=None):
+    def feed(self, input_ids: torch.Tensor, real: torch.Tensor):
         """A chain of [B, n] tokens (``real`` [B, n] False = padding): (transformers' logits, the lean logits)."""
         before, n = self.committed, input_ids.shape[1]
         positions = (before.sum(-1, keepdim=True) + real.cumsum(-1) - 1).clamp_min(0)  # [B, n]
@@ -95,7 +95,7 @@ class Twin:
         slots = before.shape[1] + torch.arange(n)  # [n]
         causal = torch.arange(self.committed.shape[1]) <= slots[:, None]  # [n, S]
         attend = (self.committed.unsqueeze(1) & causal) | (torch.arange(self.committed.shape[1]) == slots[:, None])
-        return hf, self.lean(input_ids, positions, slots.expand_as(input_ids), attend, logit_columns)
+        return hf, self.lean(input_ids, positions, slots.expand_as(input_ids), attend)
 
     def feed_tree(self, input_ids: torch.Tensor):
         """Tree nodes [B, n] below each row's last committed token, each seeing its ancestors (``TREE_ATTEND``):
@@ -122,8 +122,8 @@ def tokens(batch: int, n: int, seed: int, vocab: int = VOCAB) -> torch.Tensor:
 
 
 def check_chain(model: torch.nn.Module, lengths: list[int], widths=(1, 5, 1, 3), vocab: int = VOCAB) -> None:
-    """A left-padded prefill, then steps of ``widths`` tokens (k + 1 drafts, one token), the last rejected in
-    part: lean logits equal transformers' at every real token."""
+    """A left-padded prefill, then steps of ``widths`` tokens (k + 1 verified drafts, or one), each row rejecting
+    a different number of each step's tokens: lean logits equal transformers' at every real token."""
     input_ids, mask = left_pad(random_prompts(lengths, seed=1, vocab=vocab))
     twin = Twin(model, len(lengths))
     real = mask.bool()
