@@ -6,7 +6,7 @@
 
 Part 1 (the pair): each group verifies N draft nodes per target call: the chain with k = N, and trees with N nodes.
 Every method decodes every held-out prompt in one process, interleaved with the autoregressive baseline of the
-same loop (the order rotates per prompt), after a warm-up round. Columns: tau = tokens per target call, the target's
+same loop (the order rotates per prompt), after a warm-up call each. Columns: tau = tokens per target call, the target's
 and the draft's time per call, tokens/s, and the speedup over the baseline. At temperature 0 every method must emit
 the baseline's tokens (checked).
 Part 2 (--verify-costs PAIR): the target's time to verify a tree of N nodes (one forward of N + 1 tokens under the
@@ -17,17 +17,19 @@ beats a chain of k when tau_tree / tau_chain > cost(N) / cost(k) (draft costs as
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 import transformers
 
 import specdec
+from experiments.harness import (
+    Decoded, Method, Report, argument_parser, load_bench_pair, positive_int, random_prompts, run_interleaved,
+    single_temperature,
+)
 from specdec import Clock
 from specdec.batching import left_pad
 from specdec.profile import time_forwards, time_tree_forwards
-from experiments.bench import load_bench_pair, markdown, positive_int, run_interleaved
 
 # Groups of methods that verify the same number N of draft nodes per target call: a chain of k = N, then trees.
 DEFAULT_GROUPS = {
@@ -40,12 +42,11 @@ VERIFY_NODE_COUNTS = [1, 2, 4, 8, 16, 32, 64]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                prog="python -m experiments.tree_bench")
+    p = argument_parser("experiments.tree_bench", __doc__)
     p.add_argument("--pair", default="embedded")
     p.add_argument("--prompts", type=positive_int, default=8)
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=single_temperature, default=0.0)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=positive_int, default=None)
@@ -78,25 +79,21 @@ def decoders(pair, groups: dict, temperature: float) -> dict[str, tuple[specdec.
 def compare(pair, groups: dict, args, clock: Clock) -> list[dict]:
     """One row per method: tau, costs per call, tokens/s and speedup, from one interleaved run."""
     made = decoders(pair, groups, args.temperature)
-    stats = {name: [] for name in made}
 
-    def method(name):
-        decoder = made[name][0]
+    def method(decoder: specdec.Decoder) -> Method:
+        def run(batch: list[list[int]], index: int) -> Decoded:
+            ids, mask = left_pad(batch, device=pair.target.device)
+            return Decoded.of(decoder.generate(ids, mask, args.max_new_tokens, pair.eos_token_id, seed=index))
+        return Method(run)
 
-        def run(prompt, index):
-            ids, mask = left_pad([prompt], device=pair.target.device)
-            out = decoder.generate(ids, mask, args.max_new_tokens, pair.eos_token_id, seed=index)
-            stats[name].append(out.stats)
-            return out.tokens
-        return run
-
-    tallies = run_interleaved(pair, {name: method(name) for name in made}, pair.prompts, args.max_new_tokens, clock)
+    methods = {name: method(decoder) for name, (decoder, _) in made.items()}
+    tallies = run_interleaved(methods, [[p] for p in pair.prompts], clock, timed_models=(pair.draft, pair.target))
     baseline = tallies["baseline"]
     rows = []
     for name, (_, nodes) in made.items():
-        runs = stats[name][1:]  # the first is the warm-up round
-        calls = sum(s.target_forwards for s in runs)  # verification passes (the prefill's first token excluded)
         tally = tallies[name]
+        runs = tally.stats
+        calls = sum(s.target_forwards for s in runs)  # verification passes (the prefill's first token excluded)
         rows.append({
             "method": name,
             "nodes per call": nodes,
@@ -114,8 +111,7 @@ def verify_costs(name: str, args, clock: Clock) -> list[dict]:
     """The target's time per tree verification of N nodes and per chain forward of N + 1 tokens, as multiples of
     one decode step."""
     pair = load_bench_pair(name, 1, args.device, args.dtype)
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, pair.target.config.vocab_size, (1, 128), generator=generator).to(pair.target.device)
+    prompt = torch.tensor(random_prompts(1, 128, pair.target.config.vocab_size), device=pair.target.device)  # [1, 128]
     step = time_forwards(pair.target, prompt, [1], repeats=args.repeats, clock=clock)[1]
     chains = time_forwards(pair.target, prompt, [n + 1 for n in VERIFY_NODE_COUNTS], repeats=args.repeats, clock=clock)
     trees = time_tree_forwards(pair.target, prompt, VERIFY_NODE_COUNTS, repeats=args.repeats, clock=clock)
@@ -132,19 +128,17 @@ def main(argv=None) -> None:
     pair = load_bench_pair(args.pair, args.prompts, args.device, args.dtype)
     setting = (f"{pair.name}, {args.dtype}, {args.device}, temperature {args.temperature}, {args.prompts} held-out "
                f"prompts x {args.max_new_tokens} tokens, batch 1, speculative sampling")
+    report = Report()
     rows = compare(pair, DEFAULT_GROUPS, args, clock)
-    text = f"## Trees against chains verifying the same number of nodes ({setting})\n\n{markdown(rows)}\n"
+    report.table(f"## Trees against chains verifying the same number of nodes ({setting})", rows)
     results = {"setting": setting, "compare": rows}
     if args.verify_costs:
         costs = verify_costs(args.verify_costs, args, clock)
-        text += (f"\n## Verify cost of a tree of N nodes ({args.verify_costs}, {args.dtype}, {args.device}, median of "
-                 f"{args.repeats})\n\n{markdown(costs)}\n")
+        report.table(f"## Verify cost of a tree of N nodes ({args.verify_costs}, {args.dtype}, {args.device}, median "
+                     f"of {args.repeats})", costs)
         results["verify_costs"] = costs
-    print(text)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+        report.write(args.out.with_suffix(".md"), results)
 
 
 if __name__ == "__main__":

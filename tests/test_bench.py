@@ -3,25 +3,29 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+import math
+
 import pytest
 import torch
 from conftest import TickingClock, random_prompts, tiny_gpt2
 
 import specdec
-from experiments import bench
+from experiments import bench, harness, tree_bench
 from specdec.batching import left_pad
 from specdec.cache import KVCache
 from specdec.profile import time_forwards
 
 
-def tiny_pair() -> bench.Pair:
+def tiny_pair() -> harness.Pair:
     target, draft = tiny_gpt2(0, layers=2), tiny_gpt2(1, layers=1)
-    return bench.Pair("tiny", draft, target, random_prompts([5, 7, 6], seed=3), None, True)
+    return harness.Pair("tiny", draft, target, random_prompts([5, 7, 6], seed=3), None, True)
 
 
 def test_forward_timer_counts_a_body_call_inside_its_model_once():
     model = tiny_gpt2(0, layers=1)
-    timer = bench.ForwardTimer(TickingClock(), model)
+    timer = harness.ForwardTimer(TickingClock(), model)
     cache = KVCache(model, 1, torch.device("cpu"), "target")
     ids = torch.tensor([[3, 4, 5]])
     with torch.no_grad():
@@ -60,7 +64,7 @@ def test_left_pad_pads_on_the_left_with_a_zero_mask():
 
 
 def test_bench_tables_are_markdown_with_values_as_given():
-    assert bench.markdown([{"k": 1, "tok_s": 1234.5, "note": "n/a (sampled)"}]) == (
+    assert harness.markdown([{"k": 1, "tok_s": 1234.5, "note": "n/a (sampled)"}]) == (
         "| k | tok_s | note |\n| --- | --- | --- |\n| 1 | 1234.5 | n/a (sampled) |")
 
 
@@ -72,9 +76,9 @@ def test_comparison_runs_every_method_and_finds_identical_greedy_tokens(monkeypa
     seen = []
     original = bench.transformers_generate
 
-    def recording(pair, k, *args, **kwargs):
-        out = original(pair, k, *args, **kwargs)
-        config = pair.draft.generation_config
+    def recording(target, draft, batch, max_new_tokens, k=None, *args, **kwargs):
+        out = original(target, draft, batch, max_new_tokens, k, *args, **kwargs)
+        config = draft.generation_config
         seen.append((kwargs.get("assistant_setting", "same_algorithm"), k, config.num_assistant_tokens,
                      config.num_assistant_tokens_schedule, config.assistant_confidence_threshold))
         return out
@@ -103,9 +107,9 @@ def test_batch_scaling_decodes_the_same_rows_at_every_batch_size(monkeypatch):
     calls = []
     original = bench.ours
 
-    def counting(pair, k, temperature, max_new_tokens, batch, seed, stop_at_eos=True, stats=None):
+    def counting(pair, k, temperature, max_new_tokens, batch, seed, stop_at_eos=True):
         calls.append((k, len(batch), stop_at_eos))
-        return original(pair, k, temperature, max_new_tokens, batch, seed, stop_at_eos, stats)
+        return original(pair, k, temperature, max_new_tokens, batch, seed, stop_at_eos)
 
     monkeypatch.setattr(bench, "ours", counting)
     rows = bench.batch_scaling(pair, 2, [1, 2, 4], max_new_tokens=6, clock=TickingClock(), rounds=2)
@@ -195,7 +199,7 @@ def test_shapes_bench_redraws_its_plots_from_its_own_markdown(tmp_path):
              "baseline_tok_s": 100.0, "spec_tok_s": 100.0 + k, "speedup": 1 + alpha * k / 10,
              "predicted_measured_costs": 1.0, "predicted_leviathan": 1.1} for alpha in (0.6, 0.8) for k in (1, 2)]
     shapes_md = tmp_path / "shapes.md"
-    shapes_md.write_text("# title\n\n## Speculative speedup\n\n" + bench.markdown(rows) + "\n\n| other | table |\n|---|---|\n| 1 | 2 |\n")
+    shapes_md.write_text("# title\n\n## Speculative speedup\n\n" + harness.markdown(rows) + "\n\n| other | table |\n|---|---|\n| 1 | 2 |\n")
     assert shapes_bench.curves_from_markdown(shapes_md.read_text()) == rows
     shapes_bench.main(["--plot-from", str(shapes_md)])
     assert (tmp_path / "speedup_compiled.png").stat().st_size > 10_000
@@ -221,15 +225,16 @@ def test_transformers_runs_without_the_slow_bf16_cpu_head_slice_and_gives_the_sa
     """On CPU in bfloat16 transformers' generate() gets logits_to_keep=0 (its integer slice hits a slow matmul);
     the tokens are the ones its default gives."""
     pair = tiny_pair()
-    assert bench.transformers_best_options(pair.target) == {}  # float64: its defaults
-    bf16 = bench.Pair("tiny-bf16", pair.draft.to(torch.bfloat16), pair.target.to(torch.bfloat16), pair.prompts, None,
+    assert harness.transformers_best_options(pair.target) == {}  # float64: its defaults
+    bf16 = harness.Pair("tiny-bf16", pair.draft.to(torch.bfloat16), pair.target.to(torch.bfloat16), pair.prompts, None,
                       True)
-    assert bench.transformers_best_options(bf16.target) == {"logits_to_keep": 0}
+    assert harness.transformers_best_options(bf16.target) == {"logits_to_keep": 0}
     ids = torch.tensor([bf16.prompts[0]])
     default = bf16.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
                                    pad_token_id=0)
     for k in (None, 3):
-        assert bench.transformers_generate(bf16, k, 0.0, 8, [bf16.prompts[0]], 0) == [default[0, ids.shape[1]:].tolist()]
+        decoded = harness.transformers_generate(bf16.target, bf16.draft, [bf16.prompts[0]], 8, k)
+        assert decoded.tokens == [default[0, ids.shape[1]:].tolist()]
 
 
 def test_compiled_methods_warm_up_on_every_distinct_prompt_so_no_compilation_is_timed():
@@ -243,11 +248,11 @@ def test_compiled_methods_warm_up_on_every_distinct_prompt_so_no_compilation_is_
     def method(name):
         def decode(batch, seed):
             calls[name].append(len(batch[0]))
-            return [doubled(torch.tensor(batch[0])).tolist()]
-        return decode
+            return harness.Decoded([doubled(torch.tensor(batch[0])).tolist()])
+        return harness.Method(decode, compiled=name == "ours_compiled")
 
     prompts = [[p] for p in pair.prompts] * 2  # widths 5, 7, 6, twice
-    tallies = bench.run_interleaved(pair, {name: method(name) for name in calls}, prompts, 4, TickingClock())
+    tallies = harness.run_interleaved({name: method(name) for name in calls}, prompts, TickingClock())
     assert calls["ours_compiled"][:3] == [5, 7, 6] and calls["ours"][:1] == [5]
     assert len(calls["ours_compiled"]) == 3 + 6 and len(calls["ours"]) == 1 + 6
     assert tallies["ours_compiled"].compilations_while_timed == 0
@@ -260,7 +265,147 @@ def test_a_compilation_in_the_timed_calls_is_counted():
     widths = iter([3, 3, 4])  # the warm-up sees width 3; a timed call meets width 4
 
     def decode(batch, seed):
-        return [doubled(torch.ones(next(widths))).tolist()]
+        return harness.Decoded([doubled(torch.ones(next(widths))).tolist()])
 
-    tallies = bench.run_interleaved(tiny_pair(), {"ours_compiled": decode}, [[[1]], [[1]]], 4, TickingClock())
+    tallies = harness.run_interleaved({"ours_compiled": harness.Method(decode, compiled=True)}, [[[1]], [[1]]],
+                                      TickingClock())
     assert tallies["ours_compiled"].compilations_while_timed == 1
+
+
+# --- the harness every bench shares -----------------------------------------------------------------------------
+
+
+def test_rotation_starts_each_prompt_one_method_later():
+    names = ["a", "b", "c"]
+    assert [harness.rotation(names, index) for index in range(4)] == [
+        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+
+
+def test_run_interleaved_warms_up_each_method_then_rotates_the_order_per_batch():
+    """Warm-up: one call per method on the first batch; then per batch every method once, the order rotating, the
+    batch's index as the seed. With a ticking clock each timed call lasts one tick."""
+    calls = []
+
+    def method(name):
+        def decode(batch, seed):
+            calls.append((name, batch[0][0], seed))
+            return harness.Decoded([[seed] * len(name)])
+        return harness.Method(decode)
+
+    batches = [[[10]], [[11]], [[12]]]
+    tallies = harness.run_interleaved({name: method(name) for name in ("a", "bb", "ccc")}, batches, TickingClock())
+    assert calls == [("a", 10, 0), ("bb", 10, 0), ("ccc", 10, 0),
+                     ("a", 10, 0), ("bb", 10, 0), ("ccc", 10, 0),
+                     ("bb", 11, 1), ("ccc", 11, 1), ("a", 11, 1),
+                     ("ccc", 12, 2), ("a", 12, 2), ("bb", 12, 2)]
+    assert tallies["bb"].outputs == [[[0, 0]], [[1, 1]], [[2, 2]]]  # timed calls only, in batch order
+    assert tallies["bb"].tokens == 6 and tallies["bb"].seconds == 3.0
+    assert all(math.isnan(tally.forward_seconds) for tally in tallies.values())  # no models given to time
+
+
+def test_run_interleaved_times_the_forwards_inside_eager_calls_and_keeps_their_stats():
+    """A call that runs one forward: the clock reads at the call's start, the forward's start and end, and the
+    call's end, so the call lasts 3 ticks of which the forward is 1. The call's DecodeStats are kept in order."""
+    pair = tiny_pair()
+    ids = torch.tensor([pair.prompts[0]])
+    stats = [specdec.generate(pair.target, ids, max_new_tokens=2).stats for _ in range(2)]
+
+    def decode(batch, seed):
+        with torch.no_grad():
+            pair.target(ids)
+        return harness.Decoded([[1]], (stats[seed],))
+
+    tallies = harness.run_interleaved({"eager": harness.Method(decode)}, [[[1]], [[2]]], TickingClock(),
+                                      timed_models=(pair.draft, pair.target))
+    assert tallies["eager"].seconds == 6.0 and tallies["eager"].forward_seconds == 2.0
+    assert tallies["eager"].overhead == pytest.approx(2 / 3)
+    assert tallies["eager"].stats == stats
+
+
+@pytest.mark.parametrize("check, text, message", [
+    (harness.positive_int, "0", "expected an integer >= 1, got '0'"),
+    (harness.positive_int, "2.5", "expected an integer >= 1, got '2.5'"),
+    (harness.positive_ints, "1,,3", "expected an integer >= 1, got ''"),
+    (harness.temperatures, "0,x", "expected comma-separated temperatures >= 0 (0 is greedy), got '0,x'"),
+    (harness.temperatures, "nan", "expected comma-separated temperatures >= 0 (0 is greedy), got 'nan'"),
+    (harness.single_temperature, "0.5,1", "expected a temperature >= 0 (0 is greedy), got '0.5,1'"),
+    (harness.single_temperature, "-0.1", "expected a temperature >= 0 (0 is greedy), got '-0.1'"),
+    (harness.fractions, "0.5,1.01", "expected comma-separated acceptances in [0, 1], got '0.5,1.01'"),
+    (harness.names_from(["eager", "compiled"], "modes"), "eager,",
+     "expected comma-separated modes from eager, compiled, got 'eager,'"),
+])
+def test_argument_checks_refuse_in_one_line_naming_the_value(check, text, message):
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        check(text)
+    assert str(refused.value) == message
+
+
+def test_argument_checks_return_the_values_they_accept():
+    assert harness.positive_ints("1, 8") == [1, 8]
+    assert harness.temperatures("0,0.7") == [0.0, 0.7]
+    assert harness.single_temperature("1") == 1.0
+    assert harness.fractions("0,1") == [0.0, 1.0]
+    assert harness.names_from(["eager", "compiled"], "modes")("compiled,eager") == ["compiled", "eager"]
+
+
+def test_tree_bench_refuses_a_negative_temperature_before_loading(capsys):
+    with pytest.raises(SystemExit):
+        tree_bench.main(["--temperature", "-1"])
+    assert "--temperature: expected a temperature >= 0 (0 is greedy), got '-1'" in capsys.readouterr().err
+
+
+def test_cost_profile_is_in_seconds_and_the_tables_print_milliseconds():
+    """A ticking clock makes every forward last one second."""
+    costs = harness.cost_profile(tiny_pair(), torch.tensor([[3, 4, 5, 6]]), [1, 3], repeats=1, clock=TickingClock())
+    assert costs == harness.CostProfile(draft_step=1.0, target={1: 1.0, 3: 1.0})
+    assert costs.cost_ratio == 1.0 and costs.verify(2) == 1.0
+    assert bench.cost_row(costs) == {"draft_forward_1_ms": 1000.0, "target_forward_1_ms": 1000.0,
+                                     "target_forward_3_ms": 1000.0, "cost_ratio": 1.0}
+    assert costs.milliseconds() == {"draft": 1000.0, "target_1": 1000.0, "target_3": 1000.0}
+
+
+def test_measured_cost_prediction_is_unitless_and_is_leviathans_when_verifying_costs_one_step():
+    seconds = harness.CostProfile(draft_step=0.001, target={1: 0.010, 3: 0.012})
+    milliseconds = harness.CostProfile(draft_step=1.0, target={1: 10.0, 3: 12.0})
+    # E = 1 + 0.5 + 0.25 tokens per step; a step costs 2 drafts and a verify of 3 tokens: 2 * 1 + 12 ms
+    assert harness.measured_cost_speedup(0.5, 2, seconds) == pytest.approx(1.75 * 10 / 14)
+    assert harness.measured_cost_speedup(0.5, 2, milliseconds) == pytest.approx(1.75 * 10 / 14)
+    one_step = harness.CostProfile(draft_step=0.002, target={1: 0.010, 3: 0.010})
+    assert harness.measured_cost_speedup(0.7, 2, one_step) == pytest.approx(specdec.predicted_speedup(0.7, 2, 0.2))
+
+
+def test_predicted_table_sets_the_formula_beside_the_measured_costs():
+    costs = harness.CostProfile(draft_step=0.001, target={1: 0.010, 2: 0.011, 3: 0.012})
+    rows = bench.predicted_table(costs, [1, 2])
+    assert [(row["alpha"], row["verify cost"]) for row in rows] == [
+        (alpha, kind) for alpha in (0.6, 0.7, 0.8) for kind in ("1 step (formula)", "measured")]
+    assert rows[0]["k=2"] == round(specdec.predicted_speedup(0.6, 2, 0.1), 2)
+    assert rows[1]["k=2"] == round(harness.measured_cost_speedup(0.6, 2, costs), 2)
+
+
+def test_random_prompts_are_the_same_for_the_same_seed():
+    prompts = harness.random_prompts(3, 5, 50, seed=1)
+    assert len(prompts) == 3 and all(len(p) == 5 and all(0 <= t < 50 for t in p) for p in prompts)
+    assert prompts == harness.random_prompts(3, 5, 50, seed=1) != harness.random_prompts(3, 5, 50, seed=2)
+
+
+def test_report_writes_its_sections_and_a_json_copy_beside_them(tmp_path, capsys):
+    report = harness.Report()
+    report.add("# title")
+    report.table("## costs", [{"k": 1, "ms": 2.5}], note="a note", echo=False)
+    report.write(tmp_path / "out" / "bench.md", {"sections": report.sections})
+    text = (tmp_path / "out" / "bench.md").read_text()
+    assert text == "# title\n\n## costs\n\n| k | ms |\n| --- | --- |\n| 1 | 2.5 |\n\na note\n"
+    assert json.loads((tmp_path / "out" / "bench.json").read_text()) == {"sections": report.sections}
+    assert capsys.readouterr().out == "# title\n"  # the table was added without echo
+
+
+def test_transformers_configuration_says_how_each_named_method_ran():
+    pair = tiny_pair()
+    line = harness.transformers_configuration(pair.target, ["hf_generate", "hf_assisted"])
+    assert "`hf_generate` is generate() with its defaults" in line
+    assert "num_assistant_tokens=k, constant schedule, assistant_confidence_threshold=0" in line
+    assert "hf_assisted_default" not in line
+    bf16 = tiny_gpt2(0, layers=1).to(torch.bfloat16)
+    bf16_line = harness.transformers_configuration(bf16, ["hf_generate"])
+    assert "`hf_generate` is generate() with logits_to_keep=0" in bf16_line

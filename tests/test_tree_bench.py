@@ -6,13 +6,13 @@ from __future__ import annotations
 import torch
 from conftest import TickingClock, random_prompts, tiny_gpt2
 
-from experiments import bench, tree_bench
+from experiments import harness, tree_bench
 from specdec.profile import time_tree_forwards
 
 
 def test_trees_and_chains_of_a_group_verify_the_same_number_of_nodes_and_emit_the_baseline_tokens():
     target, draft = tiny_gpt2(0, layers=2, init=0.2), tiny_gpt2(1, layers=1, init=0.2)
-    pair = bench.Pair("tiny", draft, target, random_prompts([5, 7, 6], seed=3), None, True)
+    pair = harness.Pair("tiny", draft, target, random_prompts([5, 7, 6], seed=3), None, True)
     args = tree_bench.parse_args(["--max-new-tokens", "10"])
     rows = tree_bench.compare(pair, {4: [(2, 1), (4,)], 6: [(2, 2)]}, args, TickingClock())
     assert [row["method"] for row in rows] == ["baseline", "chain k=4", "tree 2-1", "tree 4", "chain k=6", "tree 2-2"]

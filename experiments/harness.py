@@ -1,0 +1,393 @@
+"""What every bench shares: the pair and its prompts, the interleaved run, transformers at its best, the cost
+profile and the predictions from it, the argument checks, and the tables.
+
+The measuring rules, kept here once: every method runs in one process, after an untimed warm-up; the methods are
+interleaved per prompt, the order rotating, so a machine whose speed drifts moves them all alike; the device is
+synchronised before every clock read (``specdec.Clock``). transformers runs at our algorithm and at its own best,
+and ``transformers_configuration`` says how, for the table. Costs are in seconds everywhere; tables turn them into
+milliseconds where they print them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import transformers
+
+import specdec
+from specdec import Clock, DecodeStats, GenerationOutput
+from specdec.profile import time_forwards
+from specdec.results import markdown_table
+
+
+# --- the pair and its prompts -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Pair:
+    name: str
+    draft: torch.nn.Module
+    target: torch.nn.Module
+    prompts: list[list[int]]
+    eos_token_id: int | None
+    meaningful_acceptance: bool
+
+
+def random_prompts(count: int, width: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
+    """``count`` prompts of ``width`` uniformly random tokens, the same for the same seed."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (count, width), generator=generator).tolist()  # [count, width]
+
+
+def load_bench_pair(name: str, num_prompts: int, device: str, dtype: str) -> Pair:
+    """A load_pair preset with the held-out prompts; a random-weight ``*-shaped`` preset gets random 32-token
+    prompts instead, and its acceptance means nothing."""
+    from specdec.models import SHAPED_PRESETS
+
+    pair = specdec.load_pair(name, device=device, dtype=dtype)
+    if name in SHAPED_PRESETS:
+        prompts = random_prompts(num_prompts, 32, pair.target.config.vocab_size)
+        return Pair(f"{name} (random weights)", pair.draft, pair.target, prompts, None, False)
+    texts = [p.text for p in specdec.load_prompts("embedded_heldout", limit=num_prompts)]
+    prompts = [pair.tokenizer(text).input_ids for text in texts]
+    return Pair(name, pair.draft, pair.target, prompts, pair.tokenizer.eos_token_id, True)
+
+
+# --- the interleaved run ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """What one timed call decoded: the new tokens of each row, and the DecodeStats of each of our generate calls
+    inside it (none for transformers)."""
+
+    tokens: list[list[int]]
+    stats: tuple[DecodeStats, ...] = ()
+
+    @classmethod
+    def of(cls, output: GenerationOutput) -> Decoded:
+        return cls(output.tokens, (output.stats,))
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way to decode: ``decode(batch, index)`` decodes a batch of prompts (token lists) with ``index`` as its
+    seed. A ``compiled`` method warms up on every distinct batch (each new width or draft shape may compile) and
+    runs without forward hooks (compiled code would trace them)."""
+
+    decode: Callable[[list[list[int]], int], Decoded]
+    compiled: bool = False
+
+
+class ForwardTimer:
+    """Total time spent inside the forward passes of the given models and their bodies (which a prefill calls
+    alone), synchronised, via hooks; a body's call inside its model's counts once."""
+
+    def __init__(self, clock: Clock, *models: torch.nn.Module):
+        self.clock, self.seconds, self.started, self.depth = clock, 0.0, 0.0, 0
+        modules = {id(m): m for model in models for m in (model, getattr(model, "base_model", model))}.values()
+        self.handles = [h for m in modules for h in (m.register_forward_pre_hook(self.pre), m.register_forward_hook(self.post))]
+
+    def pre(self, *_):
+        if self.depth == 0:
+            self.started = self.clock.now()
+        self.depth += 1
+
+    def post(self, *_):
+        self.depth -= 1
+        if self.depth == 0:
+            self.seconds += self.clock.now() - self.started
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+@dataclass
+class Tally:
+    """One method's timed calls, summed."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    forward_seconds: float = 0.0  # NaN where the forwards were not timed (compiled, or no models given)
+    warmup_seconds: float = 0.0  # untimed warm-up calls (a compiled method's compilation happens there)
+    compilations_while_timed: int = 0  # frames compiled during the run's timed calls, all methods together
+    outputs: list[list[list[int]]] = field(default_factory=list)  # each timed call's token rows
+    stats: list[DecodeStats] = field(default_factory=list)  # each timed call's DecodeStats, in order
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def overhead(self) -> float:
+        return 1 - self.forward_seconds / self.seconds
+
+
+def rotation(names: list, index: int) -> list:
+    """The order for the ``index``-th prompt: ``names`` started at position ``index`` (mod their count)."""
+    shift = index % len(names)
+    return names[shift:] + names[:shift]
+
+
+def warmup_batches(method: Method, batches: list) -> list:
+    """A compiled method's warm-up covers every distinct batch; an eager one's the first."""
+    distinct = list({repr(batch): batch for batch in batches}.values())
+    return distinct if method.compiled else distinct[:1]
+
+
+def run_interleaved(methods: dict, batches: list, clock: Clock, timed_models: tuple = ()) -> dict:
+    """Run every method on every batch, the order rotating per batch, after a warm-up (``warmup_batches``), so no
+    compilation falls in the timed calls (``compilations_while_timed`` counts any that still do). The forwards of
+    ``timed_models`` are timed inside eager methods' calls, for their overhead; elsewhere it is NaN."""
+    tallies = {name: Tally() for name in methods}
+    for name, method in methods.items():
+        start = clock.now()
+        for index, batch in enumerate(warmup_batches(method, batches)):
+            method.decode(batch, index)
+        tallies[name].warmup_seconds = clock.now() - start
+    compiled_before = compilations()
+    for index, batch in enumerate(batches):
+        for name in rotation(list(methods), index):
+            time_call(methods[name], batch, index, clock, timed_models, tallies[name])
+    for tally in tallies.values():
+        tally.compilations_while_timed = compilations() - compiled_before
+    return tallies
+
+
+def time_call(method: Method, batch, index: int, clock: Clock, timed_models: tuple, tally: Tally) -> None:
+    """One timed call of ``method``, added to its tally."""
+    timer = ForwardTimer(clock, *timed_models) if timed_models and not method.compiled else None
+    start = clock.now()
+    decoded = method.decode(batch, index)
+    tally.seconds += clock.now() - start
+    tally.tokens += sum(map(len, decoded.tokens))
+    tally.outputs.append(decoded.tokens)
+    tally.stats.extend(decoded.stats)
+    if timer is None:
+        tally.forward_seconds = math.nan
+    else:
+        timer.remove()
+        tally.forward_seconds += timer.seconds
+
+
+def compilations() -> int:
+    """Frames torch.compile has compiled in this process so far (dynamo's own counter)."""
+    from torch._dynamo.utils import counters  # imported on use: loading dynamo costs a second
+
+    return counters["frames"]["ok"]
+
+
+# --- transformers -----------------------------------------------------------------------------------------------
+
+# transformers assisted generation, configured through the assistant's generation_config. "same_algorithm" is ours:
+# a constant k and no confidence cut-off (threshold 0 turns it off). "default" is transformers' own defaults
+# (20 tokens, constant schedule, confidence threshold 0.4, which stops drafting once the draft is unsure).
+HF_ASSISTANT_SETTINGS = {
+    "same_algorithm": lambda k: dict(num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
+                                     assistant_confidence_threshold=0.0),
+    "default": lambda k: dict(num_assistant_tokens=None, num_assistant_tokens_schedule=None,
+                              assistant_confidence_threshold=None),
+}
+
+
+def transformers_best_options(model: torch.nn.Module) -> dict:
+    """Keyword arguments that put transformers' generate() at its best on the model's device and dtype. On CPU in
+    bfloat16 its default logits_to_keep=1 slices a view whose batch stride sends the head's matmul down a path ~40x
+    slower (torch 2.13), in every prefill; logits_to_keep=0 (the head on every prompt position) gives the same
+    tokens 8% faster on the embedded pair's prompts. Elsewhere its defaults are its best."""
+    weight = next(model.parameters())
+    return {"logits_to_keep": 0} if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 else {}
+
+
+def transformers_generate(target: torch.nn.Module, draft: torch.nn.Module, batch: list[list[int]],
+                          max_new_tokens: int, k: int | None = None, temperature: float = 0.0, seed: int = 0,
+                          eos_token_id: int | None = None, assistant_setting: str = "same_algorithm") -> Decoded:
+    """transformers' generate() on one prompt (assisted generation refuses batches), at its best: assisted by
+    ``draft`` with ``HF_ASSISTANT_SETTINGS[assistant_setting](k)`` where k is given, plain where it is None.
+    Without an EOS every call emits ``max_new_tokens``, as ours does."""
+    ids = torch.tensor(batch, device=target.device)  # [1, T]
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
+    length = dict(max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
+    if eos_token_id is None:
+        length["min_new_tokens"] = max_new_tokens
+    assistant = {}
+    if k:
+        for key, value in HF_ASSISTANT_SETTINGS[assistant_setting](k).items():
+            setattr(draft.generation_config, key, value)
+        assistant = dict(assistant_model=draft)
+    torch.manual_seed(seed)
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=eos_token_id or 0, **length,
+                          **sampling, **assistant, **transformers_best_options(target))
+    return Decoded([out[0, ids.shape[1]:].tolist()])
+
+
+def transformers_configuration(target: torch.nn.Module, names: Iterable[str]) -> str:
+    """How each transformers method named (of hf_generate, hf_assisted, hf_assisted_default) was run, for the
+    line under a table."""
+    options = ", ".join(f"{key}={value}" for key, value in transformers_best_options(target).items())
+    described = {
+        "hf_generate": f"generate() with {options or 'its defaults'}",
+        "hf_assisted": "assisted generation at our algorithm (num_assistant_tokens=k, constant schedule, "
+                       "assistant_confidence_threshold=0)",
+        "hf_assisted_default": "assisted generation at transformers' defaults (20 tokens, constant schedule, "
+                               "confidence threshold 0.4)",
+    }
+    return (f"transformers {transformers.__version__}, eager: "
+            + "; ".join(f"`{name}` is {described[name]}" for name in names) + ".")
+
+
+# --- costs and predictions --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Median seconds of one forward at batch 1: the draft's of one token, the target's of n tokens per n."""
+
+    draft_step: float
+    target: dict[int, float]
+
+    @property
+    def target_step(self) -> float:
+        return self.target[1]
+
+    @property
+    def cost_ratio(self) -> float:
+        """c = draft step / target step."""
+        return self.draft_step / self.target_step
+
+    def verify(self, k: int) -> float:
+        """One target forward verifying k drafts: k + 1 tokens."""
+        return self.target[k + 1]
+
+    def milliseconds(self) -> dict[str, float]:
+        """The costs in milliseconds, for a table: ``draft`` and ``target_<n>`` per width n."""
+        return {"draft": 1000 * self.draft_step, **{f"target_{n}": 1000 * seconds for n, seconds in self.target.items()}}
+
+
+def cost_profile(pair, prompt: torch.Tensor, widths: Iterable[int], repeats: int, clock: Clock,
+                 compile: bool = False) -> CostProfile:
+    """The pair's costs over ``prompt`` [1, T], on the cache layout its mode decodes with (eager: dynamic,
+    compiled: static): the draft's forward of one token and the target's of each of ``widths`` tokens."""
+    layout = "static" if compile else "dynamic"
+
+    def seconds(model, model_widths, label):
+        return time_forwards(model, prompt, model_widths, repeats, cache_layout=layout, compile=compile, clock=clock,
+                             label=label)
+
+    return CostProfile(seconds(pair.draft, [1], "draft")[1], seconds(pair.target, widths, "target"))
+
+
+def measured_cost_speedup(alpha: float, k: int, costs: CostProfile) -> float:
+    """Leviathan's expected tokens per step, E = sum_{i=0..k} alpha^i, over the measured costs instead of his one
+    target step per verification: E * T(1) / (k T_draft + T_verify(k+1)). Unitless, whatever the costs' unit."""
+    expected_tokens = specdec.predicted_speedup(alpha, k, 0.0)  # at c = 0 the formula is E itself
+    return expected_tokens * costs.target_step / (k * costs.draft_step + costs.verify(k))
+
+
+# --- argument checks: one line naming the value and what is allowed, before any model loads ----------------------
+
+
+def argument_parser(module: str, doc: str) -> argparse.ArgumentParser:
+    """A bench's parser: its usage names ``python -m module``, its help is the module's docstring as written."""
+    return argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return int(text)
+
+
+def positive_ints(text: str) -> list[int]:
+    return [positive_int(part) for part in text.split(",")]
+
+
+def floats_within(text: str, low: float, high: float) -> list[float] | None:
+    """The comma-separated numbers in ``text`` if all lie in [low, high]; else None."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        return None
+    return values if all(low <= value <= high for value in values) else None
+
+
+def temperatures(text: str) -> list[float]:
+    values = floats_within(text, 0.0, math.inf)
+    if values is None:
+        raise argparse.ArgumentTypeError(f"expected comma-separated temperatures >= 0 (0 is greedy), got {text!r}")
+    return values
+
+
+def single_temperature(text: str) -> float:
+    values = floats_within(text, 0.0, math.inf)
+    if values is None or len(values) != 1:
+        raise argparse.ArgumentTypeError(f"expected a temperature >= 0 (0 is greedy), got {text!r}")
+    return values[0]
+
+
+def fractions(text: str) -> list[float]:
+    values = floats_within(text, 0.0, 1.0)
+    if values is None:
+        raise argparse.ArgumentTypeError(f"expected comma-separated acceptances in [0, 1], got {text!r}")
+    return values
+
+
+def names_from(allowed: Iterable[str], what: str) -> Callable[[str], list[str]]:
+    """A check that takes comma-separated names from ``allowed``."""
+    allowed = list(allowed)
+
+    def check(text: str) -> list[str]:
+        names = text.split(",")
+        if not all(name in allowed for name in names):
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what} from {', '.join(allowed)}, got {text!r}")
+        return names
+
+    return check
+
+
+# --- tables and files -------------------------------------------------------------------------------------------
+
+
+def markdown(rows: list[dict]) -> str:
+    """Rows of the same keys as a Markdown table, values as they are (the benches round them first)."""
+    header = list(rows[0])
+    return markdown_table(header, [[row[key] for key in header] for row in rows])
+
+
+class Report:
+    """A bench's Markdown sections: each printed as it is added (unless told not to), all written at the end."""
+
+    def __init__(self):
+        self.sections: list[str] = []
+
+    def add(self, text: str, echo: bool = True) -> None:
+        self.sections.append(text)
+        if echo:
+            print(text, flush=True)
+
+    def table(self, heading: str, rows: list[dict], note: str = "", echo: bool = True) -> None:
+        self.add(f"{heading}\n\n{markdown(rows)}" + (f"\n\n{note}" if note else ""), echo)
+
+    def text(self) -> str:
+        return "\n\n".join(self.sections) + "\n"
+
+    def write(self, markdown_path: Path, payload: dict | None = None) -> None:
+        """The sections to ``markdown_path``; ``payload``, if given, as JSON beside it (the same name, .json)."""
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        markdown_path.write_text(self.text())
+        if payload is not None:
+            markdown_path.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
+
+
+def default_out_dir(bench: str) -> Path:
+    """outputs/<bench>/<date_time>, for a run given no --out."""
+    return Path(f"outputs/{bench}/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
