@@ -22,6 +22,7 @@ import torch
 import transformers
 
 import specdec
+from specdec.lean import LeanForward
 from specdec import Clock, DecodeStats, GenerationOutput
 from specdec.profile import time_forwards
 from specdec.results import markdown_table
@@ -87,13 +88,27 @@ class Method:
 
 
 class ForwardTimer:
-    """Total time spent inside the forward passes of the given models and their bodies (which a prefill calls
-    alone), synchronised, via hooks; a body's call inside its model's counts once."""
+    """Total time spent inside the forward passes of the given models, synchronised: transformers' forwards through
+    module hooks on each model and its body (which a prefill calls alone; a body's call inside its model's counts
+    once), lean forwards (``specdec.lean``, plain callables without hooks) by wrapping ``LeanForward.__call__``
+    for the timer's life."""
 
     def __init__(self, clock: Clock, *models: torch.nn.Module):
         self.clock, self.seconds, self.started, self.depth = clock, 0.0, 0.0, 0
         modules = {id(m): m for model in models for m in (model, getattr(model, "base_model", model))}.values()
         self.handles = [h for m in modules for h in (m.register_forward_pre_hook(self.pre), m.register_forward_hook(self.post))]
+        self.lean_call = LeanForward.__call__
+        timed_models = {id(model) for model in models}
+
+        def timed_lean_call(lean, *args, **kwargs):
+            if id(lean.model) not in timed_models:
+                return self.lean_call(lean, *args, **kwargs)
+            self.pre()
+            try:
+                return self.lean_call(lean, *args, **kwargs)
+            finally:
+                self.post()
+        LeanForward.__call__ = timed_lean_call
 
     def pre(self, *_):
         if self.depth == 0:
@@ -108,6 +123,7 @@ class ForwardTimer:
     def remove(self):
         for handle in self.handles:
             handle.remove()
+        LeanForward.__call__ = self.lean_call
 
 
 @dataclass

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -156,3 +158,26 @@ def quiet_wandb(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@contextmanager
+def watch_forwards(model: torch.nn.Module):
+    """Record the [B, n] ``input_ids`` shape of every forward of ``model``: transformers' (a pre-hook) and the lean
+    one (``specdec.lean``, a plain callable without hooks). Yields the list it appends to."""
+    from specdec.lean import LeanForward
+
+    seen = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)),
+                                            with_kwargs=True)
+    lean_call = LeanForward.__call__
+
+    def watched(lean, input_ids, *args, **kwargs):
+        if lean.model is model:
+            seen.append(tuple(input_ids.shape))
+        return lean_call(lean, input_ids, *args, **kwargs)
+    LeanForward.__call__ = watched
+    try:
+        yield seen
+    finally:
+        hook.remove()
+        LeanForward.__call__ = lean_call

@@ -14,7 +14,7 @@ from conftest import TickingClock, random_prompts, tiny_gpt2
 import specdec
 from experiments import bench, harness, tree_bench
 from specdec.batching import left_pad
-from specdec.cache import KVCache
+from specdec.cache import CachedModel
 from specdec.profile import time_forwards
 
 
@@ -23,14 +23,18 @@ def tiny_pair() -> harness.Pair:
     return harness.Pair("tiny", draft, target, random_prompts([5, 7, 6], seed=3), None, True)
 
 
-def test_forward_timer_counts_a_body_call_inside_its_model_once():
-    model = tiny_gpt2(0, layers=1)
+@pytest.mark.parametrize("forward", ["transformers", "lean"])
+def test_forward_timer_counts_a_body_call_inside_its_model_once(forward):
+    """transformers' forward through module hooks (a body call alone counts, and once inside its model); the lean
+    forward, which has no hooks, through its call; forwards of models not given are not timed."""
+    model, other = tiny_gpt2(0, layers=1), tiny_gpt2(1, layers=1)
     timer = harness.ForwardTimer(TickingClock(), model)
-    cache = KVCache(model, 1, torch.device("cpu"), "target")
+    caches = [CachedModel(m, "target", forward=forward).new_cache(1, 16, torch.device("cpu")) for m in (model, other)]
     ids = torch.tensor([[3, 4, 5]])
     with torch.no_grad():
-        cache.prefill(ids, torch.ones_like(ids))  # the body alone: one timed call
-        cache.forward(ids[:, :1], torch.ones_like(ids[:, :1]))  # the model, whose body runs inside: one timed call
+        for cache in caches:
+            cache.feed(ids, logit_columns=torch.arange(0))  # the body alone: one timed call
+            cache.feed(ids[:, :1])  # the model, whose body runs inside: one timed call
     timer.remove()
     assert timer.seconds == 2.0 and timer.depth == 0
 
@@ -44,7 +48,8 @@ def test_time_forwards_times_each_width_over_the_same_cache(layout):
     seen = []
     hook = model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(
         (kwargs["input_ids"].shape[1], kwargs["past_key_values"].get_seq_length())), with_kwargs=True)
-    times = time_forwards(model, prompt, [1, 3], repeats=2, warmup=1, cache_layout=layout, clock=TickingClock())
+    times = time_forwards(model, prompt, [1, 3], repeats=2, warmup=1, cache_layout=layout, clock=TickingClock(),
+                          forward="transformers")
     hook.remove()
     assert times == {1: 1.0, 3: 1.0}
     # widths interleaved, one forward each per round (1 warm-up + 2 timed), each over the prompt alone (5 slots)

@@ -5,7 +5,7 @@ import torch
 
 import specdec
 from specdec.cache import CachedModel
-from conftest import hf_greedy, left_pad, random_prompts
+from conftest import hf_greedy, left_pad, random_prompts, watch_forwards
 
 
 def decoder(target, draft, layout, forward="auto"):
@@ -119,23 +119,19 @@ DRAFTERS = {
 }
 
 
+@pytest.mark.parametrize("forward", ["lean", "transformers"])
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
-def test_finished_rows_leave_the_batch_and_greedy_results_stay_the_same(target, draft, drafter):
+def test_finished_rows_leave_the_batch_and_greedy_results_stay_the_same(target, draft, drafter, forward):
     prompts = random_prompts([3, 9, 6, 4], seed=31)
     ids, mask = left_pad(prompts)
     eos = hf_greedy(target, prompts[0], 5)[-1]  # row 0 stops within five tokens; the others run on
-    widths = []
-    hook = target.register_forward_pre_hook(lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[0]),
-                                            with_kwargs=True)
-    try:
-        runs = {}
-        for retire in (True, False):
-            widths.clear()
+    runs = {}
+    for retire in (True, False):
+        with watch_forwards(target) as shapes:
             decoder = specdec.Decoder(target, DRAFTERS[drafter](target, draft), draft_length=specdec.FixedLength(3),
-                                      retire_finished_rows=retire)
-            runs[retire] = (decoder.generate(ids, mask, max_new_tokens=24, eos_token_id=eos), list(widths))
-    finally:
-        hook.remove()
+                                      retire_finished_rows=retire, forward=forward)
+            runs[retire] = (decoder.generate(ids, mask, max_new_tokens=24, eos_token_id=eos),
+                            [shape[0] for shape in shapes])
     (retired, retired_widths), (kept, kept_widths) = runs[True], runs[False]
     assert retired.tokens == kept.tokens and retired.stats.rows == kept.stats.rows
     assert len(retired.tokens[0]) <= 5 < max(map(len, retired.tokens))

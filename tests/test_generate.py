@@ -219,17 +219,19 @@ def count_forwards(*models):
 def test_the_prefill_verifies_the_first_draft(target):
     """As in transformers' generate(): n new tokens cost the baseline n target forwards, the prefill's logits giving
     the first. As in its assisted generation, the first draft runs from the prompt and the target's prefill
-    verifies it: with draft = target at temperature 0, k + 1 tokens cost one target forward."""
+    verifies it: with draft = target at temperature 0, k + 1 tokens cost one target forward. (Counted on
+    transformers' forward, whose module hooks see every call; the lean forward runs the same steps.)"""
     ids = torch.tensor(random_prompts([7], seed=2))
     counts, handles = count_forwards(target)
-    out = specdec.generate(target, ids, max_new_tokens=5)
+    out = specdec.generate(target, ids, max_new_tokens=5, forward="transformers")
     for handle in handles:
         handle.remove()
     assert len(out.tokens[0]) == 5 and counts == {0: [5, 5]}
     assert (out.stats.first_step_emitted, out.stats.decode_tokens) == (1, 4) and out.stats.itl_seconds > 0
     same_as_target = copy.deepcopy(target)
     counts, handles = count_forwards(target, same_as_target)
-    speculative = specdec.generate(target, ids, draft=same_as_target, strategy="greedy", k=4, max_new_tokens=5)
+    speculative = specdec.generate(target, ids, draft=same_as_target, strategy="greedy", k=4, max_new_tokens=5,
+                                   forward="transformers")
     for handle in handles:
         handle.remove()
     assert speculative.tokens == out.tokens and speculative.stats.target_calls == 1

@@ -163,9 +163,14 @@ def test_the_public_check_on_its_own_models():
 
 
 def test_trees_need_a_tree_rule_and_the_dynamic_layout(target, unrelated):
+    """transformers' static cache cannot take a tree's mask, and nothing compiled verifies trees; the lean cache
+    (preallocated, whatever ``cache_layout`` says of transformers' caches) verifies them."""
     drafter = specdec.TreeDrafter(unrelated, (2, 2))
     with pytest.raises(ValueError, match="token trees run on the dynamic cache layout"):
-        specdec.Decoder(target, drafter, cache_layout="static")
+        specdec.Decoder(target, drafter, cache_layout="static", forward="transformers")
+    with pytest.raises(ValueError, match="token trees run on the dynamic cache layout"):
+        specdec.Decoder(target, drafter, compile=True)
+    assert specdec.Decoder(target, drafter, cache_layout="static").runner.is_lean
 
     def plain_rule(draft_tokens, draft_probs, target_probs, generator):
         raise AssertionError("never called")

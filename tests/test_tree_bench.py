@@ -27,7 +27,8 @@ def test_time_tree_forwards_feeds_the_root_and_n_nodes_over_the_same_cache():
     seen = []
     hook = model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(
         (tuple(kwargs["input_ids"].shape), tuple(kwargs["attention_mask"].shape))), with_kwargs=True)
-    times = time_tree_forwards(model, prompt, [1, 3], repeats=2, warmup=1, clock=TickingClock())
+    times = time_tree_forwards(model, prompt, [1, 3], repeats=2, warmup=1, clock=TickingClock(),
+                               forward="transformers")
     hook.remove()
     assert times == {1: 1.0, 3: 1.0}
     # after the prompt (5 slots, filled by the body alone): the root and n nodes under a [1, 1, n+1, 5+n+1] mask
