@@ -21,7 +21,7 @@ import hydra
 from omegaconf import DictConfig
 
 from experiments import results
-from experiments.checks import ConfigError, one_line
+from experiments.config_checks import ConfigError, one_line
 from experiments.runner import Job, job_from_hydra, run
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

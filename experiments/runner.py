@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 import specdec
 from experiments import results
-from experiments.checks import ConfigError, complete_drafter, one_line, validate
+from experiments.config_checks import ConfigError, complete_drafter, one_line, validate
 from experiments.concurrency import LiveJobs, host_name, live_jobs_dir
 from specdec.batching import left_pad
 from specdec.results import CONFIG, SET_ASIDE, SUMMARY, read_rows
