@@ -33,6 +33,7 @@ SHAPED_PRESETS = {f"{name}-shaped": (draft, target) for name, (draft, target) in
 PRESETS = ["embedded", *HUB_PRESETS, *SHAPED_PRESETS]
 DEVICES = ["auto", "cpu", "cuda", "mps"]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+OFFLINE_HINT = "the 'embedded' pair shipped with specdec loads offline"
 
 
 class ModelUnavailableError(RuntimeError):
@@ -117,7 +118,7 @@ def check_source(role: str, source: object) -> None:
     except HFValidationError:
         raise ModelUnavailableError(
             f"could not load {role} {source!r}: no such directory, and not a Hugging Face hub id (like 'gpt2' or "
-            f"'org/name'); use preset='embedded' for the pair shipped with specdec") from None
+            f"'org/name'); {OFFLINE_HINT}") from None
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -148,7 +149,7 @@ def unavailable(what: str, source: str) -> ModelUnavailableError:
     """A one-line error for a model or tokenizer that neither a local directory nor the hub could provide."""
     return ModelUnavailableError(
         f"could not load {what} {source!r}: not a local model directory, and it could not be loaded from the "
-        f"Hugging Face hub or its offline cache; use preset='embedded' for the pair shipped with specdec")
+        f"Hugging Face hub or its offline cache; {OFFLINE_HINT}")
 
 
 def load_config(source: str) -> PretrainedConfig:
