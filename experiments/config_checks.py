@@ -87,6 +87,7 @@ RULES: list[tuple[str, Callable[[object], bool], str]] = [
     ("logger.tags", is_list_of_text, "a list of strings, e.g. [baseline,k4]"),
     ("logger.project", is_text, "a W&B project name"),
     ("logger.entity", optional(is_text), "a W&B user or team name, or null for your default entity"),
+    ("logger.group", optional(is_text), "a W&B group name, or null for the sweep or run directory name"),
     ("logger.dir", optional(is_text), "a directory path, or null"),
 ]
 
