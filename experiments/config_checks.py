@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 import specdec
+from specdec.checks import SEED_RANGE
 from specdec.models import ModelUnavailableError, PairPlan, plan_pair, resolve_device, resolve_dtype
 from specdec.prompts import Prompt, resolve_source
 
@@ -72,7 +73,7 @@ def is_list_of_text(value: object) -> bool:
 RULES: list[tuple[str, Callable[[object], bool], str]] = [
     ("max_new_tokens", lambda v: is_int(v) and 1 <= v <= MAX_NEW_TOKENS,
      f"an integer in [1, {MAX_NEW_TOKENS}] (and below the pair's context)"),
-    ("seed", int_at_least(0), "an integer >= 0"),
+    ("seed", lambda v: is_int(v) and 0 <= v <= SEED_RANGE[1], "an integer in [0, 2**64 - 1] (torch's seeds)"),
     ("batch_size", int_at_least(1), "an integer >= 1"),
     ("warmup", int_at_least(0), "an integer >= 0 (0 disables warm-up)"),
     ("num_prompts", optional(int_at_least(1)), "an integer >= 1, or null for all prompts"),

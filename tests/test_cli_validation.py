@@ -67,6 +67,7 @@ REFUSED = [
                                                     "at least 1e-30"),
     (["sampling=t1", "sampling.temperature=1e-40"], "sampling.temperature=1e-40"),
     (["resume=/no/such/run"], "resume='/no/such/run' is not allowed"),
+    ([f"seed={2**64}"], f"seed={2**64} is not allowed: must be an integer in [0, 2**64 - 1]"),
 ]
 
 
