@@ -134,7 +134,7 @@ def validate(cfg: DictConfig) -> tuple[dict[str, object], str | None]:
     objects = build_groups(cfg)
     reason = skip_reason(objects["strategy"], objects["sampling"])
     if reason is None:
-        check_lengths(cfg, check_pair(cfg))
+        check_lengths(cfg, objects["draft_length"].max_k, check_pair(cfg))
     return objects, reason
 
 
@@ -259,15 +259,18 @@ def check_pair(cfg: DictConfig) -> PairPlan:
         raise ConfigError(explain("pair", cfg.pair, err)) from None
 
 
-def check_lengths(cfg: DictConfig, plan: PairPlan) -> None:
-    """``max_new_tokens`` and every prompt (tokenized as the runner will) within the pair's context: a prompt of
-    n tokens leaves room for context - n new ones, and needs at least one."""
+def check_lengths(cfg: DictConfig, max_k: int, plan: PairPlan) -> None:
+    """``max_new_tokens``, the longest draft (``max_k``) and every prompt (tokenized as the runner will) within
+    the pair's context: a prompt of n tokens leaves room for context - n new ones, and needs at least one."""
     limit = plan.context_limit
     if limit is None:
         return
     if cfg.max_new_tokens >= limit:
         raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} is not allowed: the pair attends over {limit} "
                           f"positions, so at most {limit - 1} tokens follow a one-token prompt")
+    if max_k >= limit:
+        raise ConfigError(f"draft_length: drafts of up to {max_k} tokens do not fit the pair's context of {limit} "
+                          f"positions; the longest draft must be below {limit}")
     prompts = read_prompts(cfg)
     lengths = [len(plan.tokenizer(prompt.text).input_ids) for prompt in prompts]
     too_long = [(prompt.id, length) for prompt, length in zip(prompts, lengths) if length >= limit]

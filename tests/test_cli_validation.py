@@ -55,6 +55,9 @@ REFUSED = [
                                      f"{MAX_NEW_TOKENS}]"),
     ([f"max_new_tokens={TINY_CONTEXT}"], f"the pair attends over {TINY_CONTEXT} positions, so at most "
                                          f"{TINY_CONTEXT - 1} tokens follow"),
+    (["draft_length.k=1000000000000"], f"draft_length: drafts of up to 1000000000000 tokens do not fit the pair's "
+                                       f"context of {TINY_CONTEXT} positions"),
+    (["draft_length=heuristic", f"draft_length.k_max={TINY_CONTEXT}"], f"drafts of up to {TINY_CONTEXT} tokens"),
     (["drafter=tree", "drafter.branching=[9000]"], "drafter.branching=[9000]: branching [9000] makes a tree of 9000 "
                                                    "nodes; at most 1024"),
     (["drafter=tree", "drafter.branching=5"], "drafter.branching=5: branching must be a non-empty list"),
