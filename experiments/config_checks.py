@@ -80,7 +80,7 @@ RULES: list[tuple[str, Callable[[object], bool], str]] = [
     ("threads", optional(int_at_least(1)), "an integer >= 1, or null for torch's default"),
     ("stop_at_eos", lambda v: isinstance(v, bool), "true or false"),
     ("compile", lambda v: isinstance(v, bool), "true or false"),
-    ("group", lambda v: v is None or isinstance(v, str), "a string, or null for the sweep/run directory name"),
+    ("group", optional(is_text), "a non-empty string, or null for the sweep/run directory name"),
     ("resume", lambda v: isinstance(v, bool) or (is_text(v) and Path(v).expanduser().is_dir()),
      "true, false, or the path of an existing run directory"),
     ("data.limit", optional(int_at_least(1)), "an integer >= 1, or null for all prompts"),
