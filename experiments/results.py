@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from experiments.checks import ConfigError
+from experiments.config_checks import ConfigError
 from specdec.results import (
     CONFIG,
     FAILURE,

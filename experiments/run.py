@@ -15,16 +15,13 @@ with report.md in its directory.
 
 import sys
 import traceback
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from experiments import results
-from experiments.checks import ConfigError, one_line
+from experiments.config_checks import CONFIGS, ConfigError, one_line
 from experiments.runner import Job, job_from_hydra, run
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 # Absolute, so that it resolves however this module is started or imported (python -m, tests).

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 import specdec
 from experiments import results
-from experiments.checks import ConfigError, complete_drafter, one_line, validate
+from experiments.config_checks import ConfigError, one_line, validate
 from experiments.concurrency import LiveJobs, host_name, live_jobs_dir
 from specdec.batching import left_pad
 from specdec.results import CONFIG, SET_ASIDE, SUMMARY, read_rows
@@ -216,13 +216,12 @@ def title(columns: dict, num_rows: int, out_dir: Path) -> str:
 
 
 def pair_drafter(setting: Setting, pair, compile: bool) -> object:
-    """The run's drafter: built before loading, or now from the loaded models (model, target, tokenizer) and the
-    run's ``compile`` switch, where what needs them (e.g. layers the target has) fails in one line."""
+    """The run's drafter: built before loading, or now by its factory from the loaded pair and the run's
+    ``compile`` switch, where what needs the pair (e.g. layers the target has) fails in one line."""
     if setting.drafter is not None:
         return setting.drafter
-    available = {"model": pair.draft, "target": pair.target, "tokenizer": pair.tokenizer, "compile": compile}
     try:
-        return complete_drafter(setting.drafter_factory, available)
+        return setting.drafter_factory(pair, compile=compile)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"drafter: {one_line(err)}") from None
 

@@ -7,10 +7,17 @@ is a config that runs; ``Decoder`` and ``generate`` call the rest on their argum
 
 from __future__ import annotations
 
-import torch
+import operator
+from pathlib import Path
 
-from specdec.interfaces import Drafter, DraftLengthPolicy
+import torch
+from transformers import PreTrainedModel
+
+from specdec.interfaces import AcceptanceStrategy, Drafter, DraftLengthPolicy
 from specdec.sampling import SamplingConfig
+
+# What torch.Generator.manual_seed accepts: 64 bits, signed or unsigned (a negative seed wraps modulo 2**64).
+SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
 def check_draft_length(name: str, value: object) -> int:
@@ -64,9 +71,34 @@ def check_eval_mode(model: torch.nn.Module) -> None:
         raise ValueError(f"model {name!r} is in training mode (dropout active); call model.eval() before decoding")
 
 
-def check_seed(seed: object) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int):
+def check_bool(name: str, value: object) -> bool:
+    """True or False only: a string such as "false" is truthy, and would silently mean True."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def as_integer(value: object) -> int | None:
+    """``value`` as a Python int when it is one integer: an int, a numpy integer or a one-element integer tensor.
+    None otherwise, and for bools (which Python counts as ints)."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def check_seed(seed: object) -> int:
+    """The seed as a Python int, within what ``torch.Generator.manual_seed`` takes (``SEED_RANGE``)."""
+    value = as_integer(seed)
+    if value is None:
         raise TypeError(f"seed must be an integer, got {seed!r} ({type(seed).__name__})")
+    low, high = SEED_RANGE
+    if not low <= value <= high:
+        raise ValueError(f"seed must be in [-2**63, 2**64 - 1] (64 bits, what torch.Generator.manual_seed takes), "
+                         f"got {seed!r}")
+    return value
 
 
 def check_prompt(input_ids, attention_mask, limit: int | None, vocab_size: int | None = None) -> torch.Tensor:
@@ -116,12 +148,27 @@ def check_max_new_tokens(max_new_tokens: object) -> None:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
 
 
+def token_ids(value: object) -> list[int] | None:
+    """One token id or a non-empty sequence of them (list, tuple, 1-d tensor or array) as Python ints; numpy
+    integers and 0-d integer tensors count as ids. None for anything else."""
+    single = as_integer(value)
+    if single is not None:
+        return [single]
+    if isinstance(value, (str, bytes, dict)):
+        return None
+    try:
+        ids = [as_integer(item) for item in value]
+    except TypeError:  # not iterable (a float, a 0-d float tensor)
+        return None
+    return ids if ids and None not in ids else None
+
+
 def check_eos_ids(eos_token_id, device: torch.device, vocab_size: int | None = None) -> torch.Tensor | None:
     """[n] the EOS ids as a tensor on ``device``, or None without EOS."""
     if eos_token_id is None:
         return None
-    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+    ids = token_ids(eos_token_id)
+    if ids is None or min(ids) < 0:
         raise ValueError(f"eos_token_id must be a token id, a list of token ids, or None; got {eos_token_id!r}")
     if vocab_size is not None and max(ids) >= vocab_size:
         raise ValueError(f"eos_token_id {max(ids)} is outside the target's vocabulary [0, {vocab_size}): it could "
@@ -130,8 +177,71 @@ def check_eos_ids(eos_token_id, device: torch.device, vocab_size: int | None = N
 
 
 def check_model(role: str, model: object) -> None:
+    """A loaded causal LM: a module with a config, an LM head where transformers can say (a base model such as
+    GPT2Model returns hidden states, not logits), and real weights (none left on the meta device)."""
+    if isinstance(model, (str, Path)):
+        raise TypeError(f"{role} must be a loaded model, got the name {str(model)!r}; load it first, e.g. "
+                        f"AutoModelForCausalLM.from_pretrained({str(model)!r}) or specdec.load_pair(...)")
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise TypeError(f"{role} must be a transformers causal LM (torch.nn.Module with a config), got {type(model).__name__}")
+    if isinstance(model, PreTrainedModel) and model.get_output_embeddings() is None:
+        raise TypeError(f"{role} {type(model).__name__} has no language-model head (it returns hidden states, not "
+                        f"logits); load it with AutoModelForCausalLM (e.g. GPT2LMHeadModel, not GPT2Model)")
+    meta = [name for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_meta]
+    if meta:
+        raise ValueError(f"{role} has {len(meta)} tensor(s) on the meta device, e.g. {meta[0]!r}: their weights were "
+                         f"never loaded; load the model with from_pretrained (or to_empty() and load_state_dict)")
+
+
+def check_strategy_object(strategy: object) -> None:
+    """An acceptance strategy instance, or a plain callable rule (``interfaces.as_strategy`` wraps it). A strategy
+    class is refused: as a callable it would be wrapped as a rule, and each step would call its constructor."""
+    if isinstance(strategy, type):
+        if issubclass(strategy, AcceptanceStrategy):
+            raise TypeError(f"strategy must be an instance, got the class {strategy.__name__}; write "
+                            f"{strategy.__name__}() (with its parameters)")
+        raise TypeError(f"strategy must be an acceptance strategy instance or a callable rule, got the class "
+                        f"{strategy.__name__}")
+    if isinstance(strategy, str):
+        raise TypeError(f"strategy must be an acceptance strategy object, got the name {strategy!r}; Decoder takes "
+                        f"objects (specdec.STRATEGIES[{strategy!r}]()), specdec.generate takes names")
+    if not callable(strategy):
+        raise TypeError(f"strategy must be an acceptance strategy (specdec.Speculative(), ...), got {strategy!r}")
+
+
+def check_allocation(name: str, numel: int, dtype: torch.dtype, device: torch.device | str) -> None:
+    """Refuse, before allocating it, a tensor of ``numel`` elements of ``dtype`` larger than the memory free on
+    ``device``, in one line naming the parameter ``name`` that sized it (the allocator's own error names none).
+    Where the free memory cannot be read, nothing is refused."""
+    needed = numel * dtype.itemsize
+    free = free_memory(torch.device(device))
+    if free is not None and needed > free:
+        raise ValueError(f"{name} is too large: it needs a tensor of {numel:,} {str(dtype).removeprefix('torch.')} "
+                         f"elements ({needed / 2**30:,.1f} GiB) on {device}, more than the {free / 2**30:,.1f} GiB "
+                         f"free there")
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes a new tensor can take on ``device``: the driver's free memory plus what torch's caching allocator
+    holds unused (CUDA), the recommended working set left (MPS), or the system's available memory (CPU, Linux)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if device.type == "mps":
+        return torch.mps.recommended_max_memory() - torch.mps.current_allocated_memory()
+    if device.type == "cpu":
+        return available_host_memory()
+    return None
+
+
+def available_host_memory() -> int | None:
+    """MemAvailable of /proc/meminfo (free memory plus what the kernel can reclaim), or None where unreadable."""
+    try:
+        lines = Path("/proc/meminfo").read_text(encoding="ascii").splitlines()
+    except OSError:
+        return None
+    available = [line.split()[1] for line in lines if line.startswith("MemAvailable:")]
+    return int(available[0]) * 1024 if available else None  # the file counts kB
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

@@ -1,12 +1,18 @@
-"""Draft/target model pairs: presets, device and dtype resolution, shared-tokenizer checks."""
+"""Draft/target model pairs: presets, device and dtype resolution, shared-tokenizer checks.
+
+``plan_pair`` checks a pair's arguments and reads what is known without the weights (the tokenizer, the context
+from the config files), so that callers can refuse bad input before the slow part; ``load_pair`` then loads the
+models. Every error is one line naming the argument.
+"""
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, GPT2Tokenizer,
-                          PreTrainedModel, PreTrainedTokenizerBase)
+from huggingface_hub.utils import validate_repo_id
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel,
+                          GPT2Tokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase)
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
 GPT2_TOKENIZER_DIR = Path(__file__).resolve().parent / "gpt2_tokenizer"  # GPT-2's BPE files (MIT, see LICENSE)
@@ -27,6 +33,7 @@ SHAPED_PRESETS = {f"{name}-shaped": (draft, target) for name, (draft, target) in
 PRESETS = ["embedded", *HUB_PRESETS, *SHAPED_PRESETS]
 DEVICES = ["auto", "cpu", "cuda", "mps"]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+OFFLINE_HINT = "the 'embedded' pair shipped with specdec loads offline"
 
 
 class ModelUnavailableError(RuntimeError):
@@ -55,8 +62,23 @@ class ModelPair:
         return iter((self.draft, self.target, self.tokenizer))
 
 
+@dataclass(frozen=True)
+class PairPlan:
+    """A pair's checked arguments and what is known before its weights load (``plan_pair``)."""
+    name: str
+    spec: PairSpec | None  # where the models come from; None for a ``*-shaped`` preset (random weights)
+    device: torch.device
+    dtype: torch.dtype
+    tokenizer: PreTrainedTokenizerBase  # left padding, pad = eos when it has none
+    context_limit: int | None  # positions both models attend over (the smaller), None if their configs do not say
+
+
 def resolve_pair_ids(preset: str | None, draft: str | None = None, target: str | None = None) -> PairSpec:
-    """Map a preset plus optional explicit ids (which override it) to the ids to load; loads nothing."""
+    """Map a preset plus optional explicit ids (which override it) to the ids to load; loads nothing. An explicit
+    id must be an existing model directory or a well-formed hub id (``check_source``)."""
+    for role, source in (("draft", draft), ("target", target)):
+        if source is not None:
+            check_source(role, source)
     if preset is not None and preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; known presets: {PRESETS}")
     if preset is None and (draft is None or target is None):
@@ -76,6 +98,27 @@ def resolve_pair_ids(preset: str | None, draft: str | None = None, target: str |
         return base
     return PairSpec("custom", draft or base.draft, target or base.target,
                     draft or base.draft_tokenizer, target or base.target_tokenizer)
+
+
+def check_source(role: str, source: object) -> None:
+    """A model source is a local model directory (holding config.json) or a well-formed Hugging Face hub id
+    ('gpt2', 'org/name'); which hub ids exist is known only by asking the hub, when the model loads."""
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError(f"{role} must be a hub id or a local model directory, got {source!r}")
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelUnavailableError(f"could not load {role} {source!r}: the directory holds no config.json "
+                                        f"(save a model there with save_pretrained)")
+        return
+    if path.exists():
+        raise ModelUnavailableError(f"could not load {role} {source!r}: it is a file; give the model's directory")
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        raise ModelUnavailableError(
+            f"could not load {role} {source!r}: no such directory, and not a Hugging Face hub id (like 'gpt2' or "
+            f"'org/name'); {OFFLINE_HINT}") from None
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -106,7 +149,31 @@ def unavailable(what: str, source: str) -> ModelUnavailableError:
     """A one-line error for a model or tokenizer that neither a local directory nor the hub could provide."""
     return ModelUnavailableError(
         f"could not load {what} {source!r}: not a local model directory, and it could not be loaded from the "
-        f"Hugging Face hub or its offline cache; use preset='embedded' for the pair shipped with specdec")
+        f"Hugging Face hub or its offline cache; {OFFLINE_HINT}")
+
+
+def load_config(source: str) -> PretrainedConfig:
+    """A model's configuration alone (config.json, no weights) from a local directory or the hub (cache)."""
+    try:
+        return AutoConfig.from_pretrained(source)
+    except (OSError, ValueError, HfHubHTTPError, HFValidationError):
+        raise unavailable("model", source) from None
+
+
+def positions_of(config: PretrainedConfig) -> int | None:
+    """The number of positions a model's config says it attends over (as ``specdec.cache.context_limit`` reads
+    it from a loaded model), or None."""
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def pair_context_limit(draft: PretrainedConfig, target: PretrainedConfig) -> int | None:
+    """The smaller of the two models' context limits (the decode loop's bound), None where neither says."""
+    limits = [limit for limit in (positions_of(draft), positions_of(target)) if limit is not None]
+    return min(limits, default=None)
 
 
 def load_tokenizer(source: str) -> PreTrainedTokenizerBase:
@@ -160,35 +227,54 @@ def gpt2_shaped_model(size: str, device: torch.device, dtype: torch.dtype, seed:
     return model.eval().requires_grad_(False)
 
 
-def load_shaped_pair(preset: str, device: torch.device, dtype: torch.dtype) -> "ModelPair":
+def load_shaped_pair(preset: str, tokenizer: PreTrainedTokenizerBase, device: torch.device,
+                     dtype: torch.dtype) -> "ModelPair":
     """GPT-2 small drafting for a larger GPT-2, random weights, real tokenizer: the canonical pairs' shapes
     and costs, offline. Acceptance between random models means nothing: measure them at synthetic acceptance."""
     draft_size, target_size = SHAPED_PRESETS[preset]
-    tokenizer = gpt2_tokenizer()
-    tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
     draft_model = gpt2_shaped_model(draft_size, device, dtype, seed=0)
     target_model = gpt2_shaped_model(target_size, device, dtype, seed=1)
     return ModelPair(draft=draft_model, target=target_model, tokenizer=tokenizer, name=preset)
 
 
-def load_pair(preset: str | None = "embedded", *, draft: str | None = None, target: str | None = None,
-              device: str = "auto", dtype: str = "auto") -> ModelPair:
-    """Load a draft/target pair sharing one tokenizer (left padding, pad = eos when it has none)."""
+def plan_pair(preset: str | None = "embedded", *, draft: str | None = None, target: str | None = None,
+              device: str = "auto", dtype: str = "auto") -> PairPlan:
+    """Check ``load_pair``'s arguments and read what is known without the weights: the shared tokenizer and the
+    context limit, from the config files. Loads no model, so bad input fails in seconds, in one line."""
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     if preset in SHAPED_PRESETS and draft is None and target is None:
-        return load_shaped_pair(preset, torch_device, torch_dtype)
+        draft_size, target_size = SHAPED_PRESETS[preset]
+        configs = GPT2Config(**GPT2_SHAPES[draft_size]), GPT2Config(**GPT2_SHAPES[target_size])
+        tokenizer = gpt2_tokenizer()
+        return PairPlan(preset, None, torch_device, torch_dtype, left_padded(tokenizer), pair_context_limit(*configs))
     spec = resolve_pair_ids(preset, draft, target)
+    draft_config, target_config = load_config(spec.draft), load_config(spec.target)
+    if draft_config.vocab_size != target_config.vocab_size:
+        raise ValueError(f"draft {spec.draft!r} and target {spec.target!r} have different vocab_size: "
+                         f"{draft_config.vocab_size} vs {target_config.vocab_size}")
     tokenizer = load_tokenizer(spec.target_tokenizer)
     if spec.draft_tokenizer != spec.target_tokenizer:
         check_same_tokenizer(load_tokenizer(spec.draft_tokenizer), tokenizer, spec)
-    draft_model = load_model(spec.draft, torch_device, torch_dtype)
-    target_model = load_model(spec.target, torch_device, torch_dtype)
-    if draft_model.config.vocab_size != target_model.config.vocab_size:
-        raise ValueError(f"draft {spec.draft!r} and target {spec.target!r} have different vocab_size: "
-                         f"{draft_model.config.vocab_size} vs {target_model.config.vocab_size}")
+    return PairPlan(spec.name, spec, torch_device, torch_dtype, left_padded(tokenizer),
+                    pair_context_limit(draft_config, target_config))
+
+
+def left_padded(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """The tokenizer set to pad on the left, with eos as its pad token when it has none."""
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    return ModelPair(draft=draft_model, target=target_model, tokenizer=tokenizer, name=spec.name)
+    return tokenizer
+
+
+def load_pair(preset: str | None = "embedded", *, draft: str | None = None, target: str | None = None,
+              device: str = "auto", dtype: str = "auto") -> ModelPair:
+    """Load a draft/target pair sharing one tokenizer (left padding, pad = eos when it has none); its arguments are
+    checked first (``plan_pair``)."""
+    plan = plan_pair(preset, draft=draft, target=target, device=device, dtype=dtype)
+    if plan.spec is None:
+        return load_shaped_pair(preset, plan.tokenizer, plan.device, plan.dtype)
+    draft_model = load_model(plan.spec.draft, plan.device, plan.dtype)
+    target_model = load_model(plan.spec.target, plan.device, plan.dtype)
+    return ModelPair(draft=draft_model, target=target_model, tokenizer=plan.tokenizer, name=plan.name)

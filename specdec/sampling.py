@@ -12,10 +12,17 @@ import math
 
 import torch
 
+# The smallest temperature above 0. Logits are divided by it in float32, whose largest value is 3.4e38: at 1e-30
+# any logit below 3.4e8 in magnitude stays finite (float16 logits end at 65504), while at 1e-40 (below float32's
+# smallest normal) a logit of 0.1 is already inf and rows turn to NaN. Smaller positive values are refused,
+# not rounded to greedy: the run's temperature column must say what was decoded, and 0 already means greedy.
+MIN_TEMPERATURE = 1e-30
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Temperature 0 means greedy (argmax, a point mass). ``None`` disables a filter."""
+    """Temperature 0 means greedy (argmax, a point mass); otherwise at least ``MIN_TEMPERATURE``. ``None``
+    disables a filter."""
 
     temperature: float = 0.0
     top_k: int | None = None
@@ -29,6 +36,9 @@ class SamplingConfig:
                 raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
         if not 0 <= self.temperature < math.inf:
             raise ValueError(f"temperature must be >= 0 and finite (0 means greedy), got {self.temperature!r}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got "
+                             f"{self.temperature!r}: dividing float32 logits by less overflows them to inf")
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1):
             raise ValueError(f"top_k must be an integer >= 1 or None, got {self.top_k!r}")
         if self.top_p is not None and not 0 < self.top_p <= 1:

@@ -19,7 +19,7 @@ from omegaconf import open_dict
 
 from experiments import results, runner
 from experiments import run as run_app
-from experiments.checks import ConfigError
+from experiments.config_checks import ConfigError
 from experiments.loggers import WandbLogger, WandbWarning
 from specdec.results import METRIC_COLUMNS
 

@@ -1,0 +1,353 @@
+"""Config validation, done before any model is loaded, and the building of what the config describes.
+
+Every problem is one ``ConfigError`` whose message is one line: the key, the value, and what is allowed.
+- ``check_known_keys``: a key nothing reads (``+max_new_token=8``) is refused, naming the nearest known key. The
+  run keys are those configs/run.yaml declares; a group's keys are its constructor's parameters.
+- ``RULES``: the run keys and the keys no constructor checks.
+- The library constructors are the schema of the config groups: ``validate`` builds each model-free group once,
+  and a constructor's error becomes the ConfigError. A drafter is built by its factory
+  (``_target_: specdec.ModelDrafter.from_pair``), whose ``check_options`` runs here and whose ``from_pair`` runs
+  once the pair is loaded.
+- The pair's arguments are checked, and its tokenizer and context read, without its weights
+  (``specdec.models.plan_pair``): a ``max_new_tokens`` or a prompt beyond the context fails here too.
+- ``CheckLaunch``, a Hydra callback, checks the Hydra keys (run and sweep directories, the launcher's limits)
+  before any job starts.
+A setting that is valid but meaningless in a sweep (greedy verification while sampling) is not an error:
+``validate`` returns the reason to skip the job.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import re
+import sys
+from pathlib import Path
+from typing import Callable
+
+from hydra.errors import InstantiationException
+from hydra.experimental.callback import Callback
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+import specdec
+from specdec.checks import SEED_RANGE
+from specdec.models import ModelUnavailableError, PairPlan, plan_pair, resolve_device, resolve_dtype
+from specdec.prompts import Prompt, resolve_source
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+WANDB_MODES = ("offline", "online", "disabled")
+# The most new tokens a run may ask for before its pair's context is known (read from the pair's config files
+# before loading, which then bounds it): a larger value is a typo, and would size buffers that cannot fit.
+MAX_NEW_TOKENS = 2**20
+
+
+class ConfigError(ValueError):
+    """A config value that cannot run. The message is one line naming the key, the value and what is allowed."""
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def int_at_least(low: int) -> Callable[[object], bool]:
+    return lambda v: is_int(v) and v >= low
+
+
+def optional(rule: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda v: v is None or rule(v)
+
+
+def is_text(value: object) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def is_list_of_text(value: object) -> bool:
+    return OmegaConf.is_list(value) and all(is_text(item) for item in value)
+
+
+# (key, rule, what is allowed) for the keys no constructor checks before the models load. A key absent from the
+# config (e.g. an option without that parameter) is skipped.
+RULES: list[tuple[str, Callable[[object], bool], str]] = [
+    ("max_new_tokens", lambda v: is_int(v) and 1 <= v <= MAX_NEW_TOKENS,
+     f"an integer in [1, {MAX_NEW_TOKENS}] (and below the pair's context)"),
+    ("seed", lambda v: is_int(v) and 0 <= v <= SEED_RANGE[1], "an integer in [0, 2**64 - 1] (torch's seeds)"),
+    ("batch_size", int_at_least(1), "an integer >= 1"),
+    ("warmup", int_at_least(0), "an integer >= 0 (0 disables warm-up)"),
+    ("num_prompts", optional(int_at_least(1)), "an integer >= 1, or null for all prompts"),
+    ("threads", optional(int_at_least(1)), "an integer >= 1, or null for torch's default"),
+    ("stop_at_eos", lambda v: isinstance(v, bool), "true or false"),
+    ("compile", lambda v: isinstance(v, bool), "true or false"),
+    ("group", optional(is_text), "a non-empty string, or null for the sweep/run directory name"),
+    ("resume", lambda v: isinstance(v, bool) or (is_text(v) and Path(v).expanduser().is_dir()),
+     "true, false, or the path of an existing run directory"),
+    ("data.limit", optional(int_at_least(1)), "an integer >= 1, or null for all prompts"),
+    ("logger.mode", lambda v: v in WANDB_MODES, f"one of {', '.join(WANDB_MODES)}"),
+    ("logger.tags", is_list_of_text, "a list of strings, e.g. [baseline,k4]"),
+    ("logger.project", is_text, "a W&B project name"),
+    ("logger.entity", optional(is_text), "a W&B user or team name, or null for your default entity"),
+    ("logger.group", optional(is_text), "a W&B group name, or null for the sweep or run directory name"),
+    ("logger.dir", optional(is_text), "a directory path, or null"),
+]
+
+# The launcher's keys (Hydra's submitit launcher; the basic launcher has none), checked before any job starts.
+LAUNCHER_RULES: list[tuple[str, Callable[[object], bool], str]] = [
+    ("hydra.launcher.timeout_min", int_at_least(1), "an integer number of minutes >= 1"),
+    ("hydra.launcher.nodes", int_at_least(1), "an integer >= 1"),
+    ("hydra.launcher.tasks_per_node", int_at_least(1), "an integer >= 1"),
+    ("hydra.launcher.cpus_per_task", optional(int_at_least(1)), "an integer >= 1, or null"),
+    ("hydra.launcher.gpus_per_node", optional(int_at_least(0)), "an integer >= 0, or null"),
+    ("hydra.launcher.mem_gb", optional(int_at_least(1)), "an integer number of GB >= 1, or null"),
+    ("hydra.launcher.signal_delay_s", int_at_least(0), "an integer number of seconds >= 0"),
+    ("hydra.launcher.max_num_timeout", int_at_least(0), "an integer >= 0"),
+    ("hydra.launcher.array_parallelism", int_at_least(1), "an integer >= 1"),
+]
+
+# Groups whose objects are built without models (the drafter's factory too, see ``build_groups``).
+MODEL_FREE_GROUPS = ("strategy", "draft_length", "sampling", "logger")
+# Groups whose node holds a constructor's arguments (``_target_``), checked by ``check_known_keys``.
+CONSTRUCTED_GROUPS = ("pair", "drafter", "strategy", "draft_length", "sampling", "data", "logger")
+_ABSENT = object()
+
+
+def select(cfg: DictConfig, key: str) -> object:
+    """The resolved value at a dotted key; a missing mandatory value (???) is a ConfigError."""
+    try:
+        return OmegaConf.select(cfg, key, throw_on_missing=True)
+    except MissingMandatoryValue:
+        raise ConfigError(f"{key} is required and has no value; set it on the command line, e.g. {key}=...") from None
+
+
+def validate(cfg: DictConfig) -> tuple[dict[str, object], str | None]:
+    """Check the config and build its model-free groups (``build_groups``), once; then, unless the job is to be
+    skipped, check the pair and the lengths against its context (``check_pair``, ``check_lengths``).
+
+    Returns the built objects and, if the job should be skipped, a one-line reason; raises ``ConfigError`` for an
+    invalid config. Loads no model: at most config files, the tokenizer and the prompts.
+    """
+    check_known_keys(cfg)
+    check_rules(cfg, RULES)
+    check_device_and_dtype(select(cfg, "device"), select(cfg, "dtype"))
+    check_prompt_source(select(cfg, "data.source"))
+    objects = build_groups(cfg)
+    reason = skip_reason(objects["strategy"], objects["sampling"])
+    if reason is None:
+        check_lengths(cfg, objects["draft_length"].max_k, check_pair(cfg))
+    return objects, reason
+
+
+def check_rules(cfg: DictConfig, rules: list[tuple[str, Callable[[object], bool], str]]) -> None:
+    for key, rule, allowed in rules:
+        if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
+            continue
+        value = select(cfg, key)
+        if not rule(value):
+            raise ConfigError(f"{key}={value!r} is not allowed: must be {allowed}")
+
+
+@functools.cache
+def run_keys() -> frozenset[str]:
+    """The top-level keys a composed run may hold: those configs/run.yaml declares, its config groups, hydra."""
+    primary = OmegaConf.load(CONFIGS / "run.yaml")
+    groups = [group for entry in primary.defaults if OmegaConf.is_dict(entry) for group in entry]
+    return frozenset([*(key for key in primary if key != "defaults"), *groups])
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Refuse a key nothing in the run reads, e.g. ``+max_new_token=8`` (a typo, which Hydra adds silently),
+    naming the nearest known key."""
+    for key in cfg:
+        if key not in run_keys():
+            raise ConfigError(unknown_key(key, cfg, sorted(run_keys()), "a key the run reads (configs/run.yaml)"))
+    for group in CONSTRUCTED_GROUPS:
+        parameters = constructor_parameters(cfg, group)
+        if parameters is None:
+            continue
+        unknown = [key for key in cfg[group] if not key.startswith("_") and key not in parameters]
+        if unknown:
+            reader = f"a parameter of {cfg[group]._target_}"
+            raise ConfigError(unknown_key(unknown[0], cfg, parameters, reader, group))
+
+
+def unknown_key(key: str, cfg: DictConfig, known: list[str], reader: str, group: str | None = None) -> str:
+    """'max_new_token=8 is not a key the run reads (configs/run.yaml); did you mean max_new_tokens?'"""
+    prefix = f"{group}." if group else ""
+    nearest = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {prefix}{nearest[0]}?" if nearest else f"known: {', '.join(known) or 'none'}"
+    return f"{prefix}{key}={OmegaConf.select(cfg, prefix + key, default=None)!r} is not {reader}; {hint}"
+
+
+def constructor_parameters(cfg: DictConfig, group: str) -> list[str] | None:
+    """The parameter names the group's ``_target_`` takes, or None where it takes any (``**options``: its own
+    check, e.g. a drafter's ``check_options``, names what it takes)."""
+    constructor = build(cfg, group, lambda: instantiate(cfg[group], _partial_=True)).func  # looked up, not called
+    parameters = inspect.signature(constructor).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters]
+
+
+def skip_reason(strategy: object, sampling: specdec.SamplingConfig) -> str | None:
+    """Why a sweep skips this pairing of strategy and sampling, or None."""
+    if isinstance(strategy, specdec.Greedy) and not sampling.is_greedy:
+        return (
+            f"strategy=greedy needs sampling.temperature=0, got sampling.temperature={sampling.temperature}; "
+            f"greedy verification cannot sample (use strategy=speculative, typical or topk)"
+        )
+    return None
+
+
+def build_groups(cfg: DictConfig) -> dict[str, object]:
+    """Instantiate the groups that need no model; their constructors' errors become one-line ConfigErrors.
+
+    "drafter_factory" is the drafter's factory (``Drafter.from_pair`` with the config's options), its options
+    checked now with the run's ``compile`` switch; "drafter" the drafter built from it when it reads nothing of
+    the pair (n-gram), else None: the runner calls ``drafter_factory(pair, compile=...)`` once the pair is loaded.
+    """
+    objects = {group: build(cfg, group, lambda group=group: instantiate(cfg[group])) for group in MODEL_FREE_GROUPS}
+    factory = build(cfg, "drafter", lambda: instantiate(cfg.drafter, _convert_="all"))
+    drafter = drafter_class(cfg, factory)
+    build(cfg, "drafter", lambda: drafter.check_options(compile=cfg.compile, **factory.keywords))
+    objects["drafter_factory"] = factory
+    # A drafter that reads nothing of the pair is given none.
+    objects["drafter"] = None if drafter.needs_pair else build(cfg, "drafter", lambda: factory(None, compile=cfg.compile))
+    return objects
+
+
+def drafter_class(cfg: DictConfig, factory: object) -> type:
+    """The drafter class whose factory the config names, e.g. ``_target_: specdec.ModelDrafter.from_pair`` with
+    ``_partial_: true``."""
+    method = factory.func if isinstance(factory, functools.partial) else None
+    owner = method.__self__ if inspect.ismethod(method) else None
+    if not (isinstance(owner, type) and issubclass(owner, specdec.Drafter)):
+        raise ConfigError(f"drafter._target_={cfg.drafter._target_!r} is not allowed: must be a drafter's factory "
+                          f"with _partial_: true, e.g. specdec.ModelDrafter.from_pair")
+    return owner
+
+
+def build(cfg: DictConfig, group: str, constructor: Callable[[], object]) -> object:
+    """``constructor()``, its ValueError or TypeError (also wrapped by Hydra) turned into a ConfigError."""
+    try:
+        return constructor()
+    except InstantiationException as err:
+        raise ConfigError(explain(group, cfg[group], err.__cause__ or err)) from None
+    except (ValueError, TypeError) as err:
+        raise ConfigError(explain(group, cfg[group], err)) from None
+
+
+def explain(group: str, node: DictConfig, err: BaseException) -> str:
+    """The constructor's message on one line, after the key and value it names: 'draft_length.k=0: k must be an
+    integer >= 1, got 0'. A message that names several keys (it then shows their values) or none comes after
+    the group: 'drafter: need min_ngram <= max_ngram, ...'."""
+    message = one_line(err)
+    settings = OmegaConf.to_container(node, resolve=True)
+    named = [key for key in settings if not key.startswith("_") and re.search(rf"\b{re.escape(key)}\b", message)]
+    if len(named) == 1:
+        return f"{group}.{named[0]}={settings[named[0]]!r}: {message}"
+    return f"{group}: {message}"
+
+
+def check_pair(cfg: DictConfig) -> PairPlan:
+    """The pair's arguments checked, and its tokenizer and context read, without loading its weights."""
+    options = {key: value for key, value in OmegaConf.to_container(cfg.pair, resolve=True).items()
+               if not key.startswith("_")}
+    try:
+        return plan_pair(**options)
+    except (ValueError, TypeError, ModelUnavailableError) as err:
+        raise ConfigError(explain("pair", cfg.pair, err)) from None
+
+
+def check_lengths(cfg: DictConfig, max_k: int, plan: PairPlan) -> None:
+    """``max_new_tokens``, the longest draft (``max_k``) and every prompt (tokenized as the runner will) within
+    the pair's context: a prompt of n tokens leaves room for context - n new ones, and needs at least one."""
+    limit = plan.context_limit
+    if limit is None:
+        return
+    if cfg.max_new_tokens >= limit:
+        raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} is not allowed: the pair attends over {limit} "
+                          f"positions, so at most {limit - 1} tokens follow a one-token prompt")
+    if max_k >= limit:
+        raise ConfigError(f"draft_length: drafts of up to {max_k} tokens do not fit the pair's context of {limit} "
+                          f"positions; the longest draft must be below {limit}")
+    prompts = read_prompts(cfg)
+    lengths = [len(plan.tokenizer(prompt.text).input_ids) for prompt in prompts]
+    too_long = [(prompt.id, length) for prompt, length in zip(prompts, lengths) if length >= limit]
+    if too_long:
+        (first, length), others = too_long[0], len(too_long) - 1
+        more = f" (and {others} more)" if others else ""
+        raise ConfigError(f"data.source={cfg.data.source!r}: prompt {first} has {length} tokens{more}, at or beyond "
+                          f"the pair's context of {limit} positions; prompts must be shorter than {limit} tokens")
+
+
+def read_prompts(cfg: DictConfig) -> list[Prompt]:
+    """The run's prompts (``data`` group), a reading error as one line naming the source."""
+    try:
+        return instantiate(cfg.data)
+    except InstantiationException as err:
+        raise ConfigError(f"data.source={cfg.data.source!r}: {one_line(err.__cause__ or err)}") from None
+
+
+def one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
+
+
+def check_device_and_dtype(device: object, dtype: object) -> None:
+    """The device must be one the pair loader knows and present on this machine; the dtype one it knows."""
+    try:
+        resolved = resolve_device(device)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"device={device!r}: {one_line(err)}") from None
+    try:
+        resolve_dtype(dtype, resolved)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"dtype={dtype!r}: {one_line(err)}") from None
+
+
+def check_prompt_source(source: object) -> None:
+    """A shipped prompt set name, or an existing .jsonl / .txt file (checked without reading it)."""
+    if not isinstance(source, str) or not source:
+        raise ConfigError(f"data.source={source!r} is not allowed: must be a shipped prompt set name or a file path")
+    try:
+        resolve_source(source)
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"data.source={source!r}: {one_line(err)}") from None
+
+
+class CheckLaunch(Callback):
+    """The Hydra keys, checked before Hydra makes any directory or starts any job (configs/hydra/default.yaml):
+    a run or sweep directory must be a path (an empty one writes into the launch directory), and the launcher's
+    sizes and time limits must be usable. A problem is one line and exit 2."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        exit_on_config_error(lambda: check_directory(config, "hydra.run.dir"))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        exit_on_config_error(lambda: check_sweep(config))
+
+
+def exit_on_config_error(check: Callable[[], None]) -> None:
+    try:
+        check()
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+def check_directory(cfg: DictConfig, key: str) -> None:
+    value = select(cfg, key)
+    if not is_text(value):
+        raise ConfigError(f"{key}={value!r} is not allowed: must be a directory path (an empty one would write into "
+                          f"the launch directory)")
+
+
+def check_sweep(cfg: DictConfig) -> None:
+    check_directory(cfg, "hydra.sweep.dir")
+    check_rules(cfg, LAUNCHER_RULES)
+    timeout_min = OmegaConf.select(cfg, "hydra.launcher.timeout_min")
+    signal_delay_s = OmegaConf.select(cfg, "hydra.launcher.signal_delay_s")
+    if timeout_min is not None and signal_delay_s is not None and signal_delay_s >= 60 * timeout_min:
+        raise ConfigError(f"hydra.launcher.signal_delay_s={signal_delay_s} is not allowed: the signal must come "
+                          f"before the time limit (hydra.launcher.timeout_min={timeout_min} minutes), or every "
+                          f"job is requeued as it starts")
