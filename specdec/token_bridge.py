@@ -29,6 +29,8 @@ import torch
 
 REPLACEMENT = "\ufffd"  # what decoding gives for bytes that are not (yet) a whole UTF-8 character
 ANCHOR = "a"  # plain text decoded before each single token, so its own leading space or join shows
+REQUIRED_ATTRIBUTES = ("get_vocab", "batch_decode", "__call__", "all_special_ids", "added_tokens_decoder",
+                       "eos_token_id")  # what the bridge uses of a transformers tokenizer
 MAX_CHARACTER_TOKENS = 4  # a character is at most 4 UTF-8 bytes, so at most 3 trailing tokens can be incomplete
 
 
@@ -112,40 +114,48 @@ class TokenBridge:
         return Restricted(probs, mass.squeeze(-1) <= 0)
 
     def target_text(self, target_ids: list[list[int]], starts: list[int]) -> list[CommittedText]:
-        """The text each row's committed target tokens ``target_ids[start:]`` add (in whole characters)."""
+        """The text each row's committed target tokens ``target_ids[start:]`` add, in whole characters."""
         check_rows(target_ids, starts, "starts")
-        return committed_texts(self.target_tokenizer, target_ids, starts, self.look_behind)
+        contexts = [row[max(0, n - self.look_behind):n] for row, n in zip(target_ids, starts)]
+        texts, lengths = whole_character_texts(self.target_tokenizer, contexts,
+                                               [row[n:] for row, n in zip(target_ids, starts)])
+        return [CommittedText(text, n + length) for text, n, length in zip(texts, starts, lengths)]
 
     def to_target(self, target_ids: list[list[int]], target_synced: list[int], draft_ids: list[list[int]],
                   draft_synced: list[int]) -> list[list[int]]:
         """The target tokens each row's drafted continuation ``draft_ids[draft_synced:]`` encodes to after the
         committed ``target_ids``: the target tokenizer's encoding of the look-behind window's text followed by the
-        drafted text, past the window's own tokens and the row's pending tokens. The last token is left out (more
-        text could still merge into it) unless the draft ended its text with EOS, which then maps to the target's
-        EOS. A row gets no tokens where the committed tokens do not end where the encoding has a token boundary
-        (a committed token that the drafted text would merge into)."""
+        drafted text, past the window's own encoding and the row's pending tokens. The last token is left out
+        (more text could still merge into it) unless the draft ended its text with EOS, which then becomes the
+        target's EOS. A row gets no tokens where that encoding does not begin with the window's own and the
+        pending tokens (the drafted text would merge into a committed token)."""
         check_rows(target_ids, target_synced, "target_synced")
         check_rows(draft_ids, draft_synced, "draft_synced")
         if len(draft_ids) != len(target_ids):
             raise ValueError(f"draft_ids has {len(draft_ids)} rows but target_ids has {len(target_ids)}")
-        cuts = [cut_at(row[n:], self.draft_tokenizer.eos_token_id) for row, n in zip(draft_ids, draft_synced)]
-        texts = appended_texts(self.draft_tokenizer, [row[:n] + drafted for row, n, (drafted, _) in
-                                                      zip(draft_ids, draft_synced, cuts)],
-                               draft_synced, self.look_behind)
+        drafted, ended = self.drafted_texts(draft_ids, draft_synced)
         starts = window_starts(target_ids, target_synced, self.look_behind, self.target_specials)
         windows = decode(self.target_tokenizer, [row[s:n] for row, s, n in zip(target_ids, starts, target_synced)])
-        with_text = encode(self.target_tokenizer, [w + t.rstrip(REPLACEMENT) for w, t in zip(windows, texts)])
+        with_drafted = encode(self.target_tokenizer, [window + text for window, text in zip(windows, drafted)])
         alone = encode(self.target_tokenizer, windows)
         eos = self.target_tokenizer.eos_token_id
-        return [continuation(tokens, head + row[n:], ended and eos is not None, eos)
-                for tokens, head, row, n, (_, ended) in zip(with_text, alone, target_ids, target_synced, cuts)]
+        return [continuation(tokens, own + row[n:], eos if has_eos else None)
+                for tokens, own, row, n, has_eos in zip(with_drafted, alone, target_ids, target_synced, ended)]
+
+    def drafted_texts(self, draft_ids: list[list[int]], draft_synced: list[int]) -> tuple[list[str], list[bool]]:
+        """Each row's drafted text up to the draft's EOS and its last whole character, and whether it had EOS."""
+        eos = self.draft_tokenizer.eos_token_id
+        cuts = [cut_at(row[n:], eos) for row, n in zip(draft_ids, draft_synced)]
+        contexts = [row[max(0, n - self.look_behind):n] for row, n in zip(draft_ids, draft_synced)]
+        texts = appended_texts(self.draft_tokenizer, contexts, [drafted for drafted, _ in cuts])
+        return [text.rstrip(REPLACEMENT) for text in texts], [has_eos for _, has_eos in cuts]
 
     def resync(self, draft_ids: list[list[int]], draft_synced: list[int], new_text: list[str]) -> list[Resync]:
         """Each row's draft context after ``new_text`` is committed after ``draft_ids[:draft_synced]``:
         the draft tokenizer's encoding of the look-behind window's text and the new text is compared with the
         row's draft tokens from the window on (drafted ones included, so accepted drafts keep their cache).
         A window starts cleanly where its encoding begins with the row's own token there and decodes back to
-        the same text (a first token means the same alone as in the row); otherwise it reaches further back."""
+        the window's text (so that token means the same alone as in the row); otherwise it reaches back."""
         check_rows(draft_ids, draft_synced, "draft_synced")
         if len(new_text) != len(draft_ids):
             raise ValueError(f"new_text has {len(new_text)} rows but draft_ids has {len(draft_ids)}")
@@ -155,12 +165,11 @@ class TokenBridge:
         pending = list(range(len(draft_ids)))
         while pending:  # rounds over the rows whose window did not start cleanly; each starts further back
             windows = decode(tokenizer, [draft_ids[i][starts[i]:draft_synced[i]] for i in pending])
-            texts = [window + new_text[i] for window, i in zip(windows, pending)]
-            encoded = encode(tokenizer, texts)
+            encoded = encode(tokenizer, [window + new_text[i] for window, i in zip(windows, pending)])
             retry = []
-            for i, text, tokens, decoded in zip(pending, texts, encoded, decode(tokenizer, encoded)):
+            for i, window, tokens, decoded in zip(pending, windows, encoded, decode(tokenizer, encoded)):
                 matched = common_prefix_length(draft_ids[i][starts[i]:], tokens)
-                clean = matched > 0 and decoded == text
+                clean = matched > 0 and decoded.startswith(window)
                 earlier = None if clean else earlier_start(draft_ids[i], starts[i], draft_synced[i],
                                                            self.look_behind, self.draft_specials)
                 if earlier is None:
@@ -174,7 +183,7 @@ class TokenBridge:
 
 def check_tokenizer(tokenizer, role: str, vocab_size: int | None) -> int:
     """The id range the maps cover; one clear error for a tokenizer the bridge cannot use."""
-    missing = [name for name in ("get_vocab", "batch_decode", "__call__") if not callable(getattr(tokenizer, name, None))]
+    missing = [name for name in REQUIRED_ATTRIBUTES if not hasattr(tokenizer, name)]
     if missing:
         raise TypeError(f"{role} tokenizer {type(tokenizer).__name__} has no {', '.join(missing)}: TokenBridge needs "
                         f"a transformers tokenizer (wrap a tokenizers.Tokenizer in PreTrainedTokenizerFast)")
@@ -191,7 +200,7 @@ def check_tokenizer(tokenizer, role: str, vocab_size: int | None) -> int:
 
 def special_ids(tokenizer) -> set[int]:
     """Ids that stand for control, not text: they never map and never begin a re-encoding window."""
-    added = getattr(tokenizer, "added_tokens_decoder", {})
+    added = tokenizer.added_tokens_decoder
     return set(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
 
 
@@ -248,29 +257,33 @@ def cut_at(tokens: list[int], eos: int | None) -> tuple[list[int], bool]:
     return tokens[:tokens.index(eos)], True
 
 
-def appended_texts(tokenizer, rows: list[list[int]], starts: list[int], context: int) -> list[str]:
-    """The text ``row[start:]`` adds after ``row[:start]``, decoded after up to ``context`` tokens before it."""
-    heads = decode(tokenizer, [row[max(0, s - context):s] for row, s in zip(rows, starts)])
-    fulls = decode(tokenizer, [row[max(0, s - context):] for row, s in zip(rows, starts)])
+def appended_texts(tokenizer, contexts: list[list[int]], tails: list[list[int]]) -> list[str]:
+    """The text each tail adds after its context tokens (decoding the tail alone would lose a leading space
+    or a join)."""
+    heads = decode(tokenizer, contexts)
+    fulls = decode(tokenizer, [context + tail for context, tail in zip(contexts, tails)])
     split = [i for i, (head, full) in enumerate(zip(heads, fulls)) if not full.startswith(head)]
     if split:
-        raise ValueError(f"row {split[0]}: position {starts[split[0]]} splits a character, so the text after "
-                         f"it is not defined; synced positions must fall between whole characters")
+        raise ValueError(f"row {split[0]}: its synced tokens end inside a character, so the text after them is "
+                         f"not defined; synced positions must fall between whole characters")
     return [full[len(head):] for head, full in zip(heads, fulls)]
 
 
-def committed_texts(tokenizer, rows: list[list[int]], starts: list[int], context: int) -> list[CommittedText]:
-    """``appended_texts`` up to the last whole character: trailing tokens that end inside one stay pending."""
-    ends = [len(row) for row in rows]
-    texts = appended_texts(tokenizer, rows, starts, context)
-    for _ in range(MAX_CHARACTER_TOKENS - 1):  # rounds, each pulling the end of the incomplete rows back a token
-        incomplete = [i for i, text in enumerate(texts) if text.endswith(REPLACEMENT) and ends[i] > starts[i]]
+def whole_character_texts(tokenizer, contexts: list[list[int]], tails: list[list[int]]
+                          ) -> tuple[list[str], list[int]]:
+    """``appended_texts`` up to the last whole character, and how many leading tail tokens spell it: trailing
+    tokens that end inside a character are left out."""
+    lengths = [len(tail) for tail in tails]
+    texts = appended_texts(tokenizer, contexts, tails)
+    for _ in range(MAX_CHARACTER_TOKENS - 1):  # rounds, each leaving out one more token of the incomplete rows
+        incomplete = [i for i, text in enumerate(texts) if text.endswith(REPLACEMENT) and lengths[i] > 0]
         for i in incomplete:
-            ends[i] -= 1
-        for i, text in zip(incomplete, appended_texts(tokenizer, [rows[i][:ends[i]] for i in incomplete],
-                                                       [starts[i] for i in incomplete], context)):
+            lengths[i] -= 1
+        shorter = appended_texts(tokenizer, [contexts[i] for i in incomplete],
+                                 [tails[i][:lengths[i]] for i in incomplete])
+        for i, text in zip(incomplete, shorter):
             texts[i] = text
-    return [CommittedText(text, end) for text, end in zip(texts, ends)]
+    return texts, lengths
 
 
 def after_last_special(tokens: list[int], specials: set[int]) -> int:
@@ -298,9 +311,10 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def continuation(tokens: list[int], prefix: list[int], ended: bool, eos: int | None) -> list[int]:
-    """The tokens after ``prefix`` (a window's own encoding and the pending tokens) if ``tokens`` begin with it."""
+def continuation(tokens: list[int], prefix: list[int], eos: int | None) -> list[int]:
+    """The tokens after ``prefix`` (a window's own encoding and the pending tokens) if ``tokens`` begin with it;
+    all of them and ``eos`` where the text ended with EOS, else all but the last (undetermined) one."""
     if tokens[:len(prefix)] != prefix:
         return []
     new = tokens[len(prefix):]
-    return new + [eos] if ended else new[:-1]
+    return new[:-1] if eos is None else new + [eos]
