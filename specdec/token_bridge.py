@@ -6,8 +6,11 @@ No model here, only the two tokenizers:
   vocabularies"): the draft tokens whose text is exactly one target token's text, as id maps both ways, and the
   draft distribution restricted to them. Sampling a target token from ``restrict(q)`` and judging it with the
   usual speculative rule against ``restrict(q)`` is exact, since that is the distribution the token was drawn from.
+  A token's text is what decoding it after a plain anchor adds, so "Ġthe" and "▁the" both read " the"; special
+  tokens, byte fragments and text containing U+FFFD (which decoding cannot tell from a fragment) never map.
 - **Text to target tokens** (transformers' universal assisted generation): the target tokens that a drafted
   continuation's text encodes to, as the target tokenizer encodes the committed text and the continuation together.
+  At temperature 0 any proposal is exact (the target judges every token), so this only has to be a good guess.
 - **Resynchronisation**: after a verdict, how many of the draft's tokens stay valid and which draft tokens follow.
 
 A token's text depends on its neighbours (a word's leading space, a merge across two tokens, a character split
@@ -61,8 +64,8 @@ class Resync:
 class TokenBridge:
     """The relation between a draft and a target tokenizer (transformers tokenizers).
 
-    ``draft_vocab_size`` / ``target_vocab_size`` are the models' logit widths when they exceed the tokenizers'
-    id ranges (padded embeddings); ids outside a tokenizer never map. ``look_behind`` committed tokens are
+    ``draft_vocab_size`` / ``target_vocab_size`` are the models' logit widths (default: the tokenizers' id
+    ranges); ids past a tokenizer's range (padded embeddings) never map, and a smaller width leaves ids out. ``look_behind`` committed tokens are
     re-encoded with new text, enough to cover the last word before it (transformers uses 10)."""
 
     def __init__(self, draft_tokenizer, target_tokenizer, look_behind: int = 10,
