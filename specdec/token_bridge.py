@@ -65,8 +65,9 @@ class TokenBridge:
     """The relation between a draft and a target tokenizer (transformers tokenizers).
 
     ``draft_vocab_size`` / ``target_vocab_size`` are the models' logit widths (default: the tokenizers' id
-    ranges); ids past a tokenizer's range (padded embeddings) never map, and a smaller width leaves ids out. ``look_behind`` committed tokens are
-    re-encoded with new text, enough to cover the last word before it (transformers uses 10)."""
+    ranges); ids past a tokenizer's range (padded embeddings) never map, and a smaller width leaves ids out.
+    ``look_behind`` committed tokens are re-encoded with new text, enough to cover the last word before it
+    (transformers uses 10)."""
 
     def __init__(self, draft_tokenizer, target_tokenizer, look_behind: int = 10,
                  draft_vocab_size: int | None = None, target_vocab_size: int | None = None):

@@ -51,8 +51,9 @@ def train_metaspace(vocab_size: int) -> PreTrainedTokenizerFast:
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
+    alphabet = sorted(set("".join(CORPUS + TEXTS)))  # every character is a token: no <unk> in the texts
     tokenizer.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<unk>"], initial_alphabet=sorted(set("".join(CORPUS + TEXTS)))))
+        vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<unk>"], initial_alphabet=alphabet))
     return wrap(tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
