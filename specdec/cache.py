@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, StaticCache
 
+from specdec.checks import check_allocation
 from specdec.lean import LeanForward, lean_forward, lean_support
 
 CACHE_LAYOUTS = ("dynamic", "static")
@@ -47,6 +48,16 @@ class TreeFeed:
 
     offsets: torch.Tensor  # [B, n] or [n]: each token's position after the region's start (the committed length)
     attend: torch.Tensor  # [n, R] bool: token j attends region slot r (R = the region's slots, these n included)
+
+
+def check_runner_options(cache_layout: object, forward: object, compile: object) -> None:
+    """The options of a ``CachedModel``, checked before any model is at hand."""
+    if forward not in FORWARDS:
+        raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
+    if cache_layout not in CACHE_LAYOUTS:
+        raise ValueError(f"unknown cache layout {cache_layout!r}; known layouts: {', '.join(CACHE_LAYOUTS)}")
+    if not isinstance(compile, bool):
+        raise TypeError(f"compile must be True or False, got {compile!r}")
 
 
 def round_up_capacity(slots: int) -> int:
@@ -371,12 +382,7 @@ class CachedModel:
 
     def __init__(self, model: torch.nn.Module, label: str, forward: str = "auto", cache_layout: str = "dynamic",
                  compile: bool = False):
-        if forward not in FORWARDS:
-            raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
-        if cache_layout not in CACHE_LAYOUTS:
-            raise ValueError(f"unknown cache layout {cache_layout!r}; known layouts: {', '.join(CACHE_LAYOUTS)}")
-        if not isinstance(compile, bool):
-            raise TypeError(f"compile must be True or False, got {compile!r}")
+        check_runner_options(cache_layout, forward, compile)
         self.model, self.label, self.compile = model, label, compile
         self.lean: LeanForward | None = lean_forward(model) if forward != "transformers" else None
         if forward == "lean" and self.lean is None:
@@ -420,7 +426,10 @@ class CachedModel:
         if (not replace and pooled is not None and pooled[0][0].shape[2] >= capacity
                 and pooled[0][0].device == torch.device(device)):
             return pooled
-        buffers = self.lean.new_buffers(batch_size, round_up_capacity(capacity), device)
+        capacity = round_up_capacity(capacity)
+        numel = 2 * self.lean.num_layers * batch_size * self.lean.num_kv_heads * capacity * self.lean.head_dim
+        check_allocation("max_new_tokens", numel, self.lean.dtype, device)  # the capacity follows the budget
+        buffers = self.lean.new_buffers(batch_size, capacity, device)
         self.pool[batch_size] = buffers
         return buffers
 

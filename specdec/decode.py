@@ -34,7 +34,8 @@ import torch
 
 from specdec.cache import CachedModel, context_limit, static_capacity
 from specdec.checks import (
-    check_eos_ids, check_eval_mode, check_max_new_tokens, check_parts, check_prompt, check_seed,
+    check_allocation, check_bool, check_eos_ids, check_eval_mode, check_max_new_tokens, check_model, check_parts,
+    check_prompt, check_seed, check_strategy_object,
 )
 from specdec.context import CachedContext
 from specdec.emit import GenerationOutput, check_flags, count_new, finish_call, unpack
@@ -81,7 +82,12 @@ class Decoder:
         step; "device" runs each step as one device program (captured as a CUDA graph on CUDA) reading one flag;
         "auto" takes "device" where ``compile=True`` and the parts allow it (``specdec.device_loop``), else
         "host". Eager transformers is the reference, with identical greedy tokens on every path."""
+        check_model("target", target)
         check_parts(drafter, draft_length, sampling)
+        check_strategy_object(strategy)
+        for name, value in (("time_phases", time_phases), ("retire_finished_rows", retire_finished_rows),
+                            ("compile", compile)):
+            check_bool(name, value)
         if step not in STEPS:
             raise ValueError(f"step must be one of {', '.join(STEPS)}, got {step!r}")
         self.target = target
@@ -105,6 +111,9 @@ class Decoder:
             check_eval_mode(model)
         limits = [context_limit(model) for model in models]
         self.context_limit = min((limit for limit in limits if limit is not None), default=None)
+        # The most draft positions a step can have: the policy's, bounded by the context (a longer draft could never
+        # be verified), so a huge k sizes nothing.
+        self.k_max = 0 if not self.speculates else min(draft_length.max_k, self.context_limit or draft_length.max_k)
         self.verifier = choose_verifier(drafter.proposes_nothing, self.strategy, sampling)
         self.device_program = self.choose_step(step)
         self.busy = threading.Lock()
@@ -141,7 +150,10 @@ class Decoder:
         vocab_size = self.target.config.vocab_size
         attention_mask = check_prompt(input_ids, attention_mask, self.context_limit, vocab_size)
         check_max_new_tokens(max_new_tokens)
-        check_seed(seed)
+        seed = check_seed(seed)
+        batch_size = input_ids.shape[0]
+        check_allocation("max_new_tokens", batch_size * (max_new_tokens + self.k_max + 1), torch.long,
+                         input_ids.device)
         eos_ids = check_eos_ids(eos_token_id, input_ids.device, vocab_size)
         # Padding is masked, but still goes through the embedding: an id outside the vocabulary there becomes 0.
         outside = (input_ids < 0) | (input_ids >= vocab_size)  # [B, T], only padding after check_prompt
@@ -187,7 +199,7 @@ class DecodeRun:
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.clock = Clock(device)
         self.phase_clock = self.clock.phase(decoder.time_phases)
-        self.k_max = decoder.draft_length.max_k if decoder.speculates else 0
+        self.k_max = decoder.k_max
         self.limit = decoder.context_limit if decoder.context_limit is not None else 2**62
         room = self.limit - attention_mask.sum(-1)  # [B]
         # Rows with room for every token they may emit and k_max more never bind k: no room check per step then.

@@ -68,7 +68,7 @@ class DeviceRun:
         self.max_new_tokens, self.eos_ids = max_new_tokens, eos_ids
         self.device = device = input_ids.device
         batch_size, width = input_ids.shape
-        self.k = decoder.draft_length.max_k if decoder.speculates else 0
+        self.k = decoder.k_max
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.clock = Clock(device)
         limit = decoder.context_limit if decoder.context_limit is not None else 2**62

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.cache import CachedModel, static_capacity
+from specdec.cache import CachedModel, check_runner_options, static_capacity
 from specdec.context import CachedContext
 from specdec.interfaces import Drafter, StopHook
 from specdec.layout import Proposal, tree_layout
@@ -110,6 +110,7 @@ class ModelDrafter(CachedDrafter):
         if unknown:
             raise TypeError(f"ModelDrafter got unknown options {sorted(unknown)}; it takes label, cache_layout "
                             f"and forward")
+        check_runner_options(options.get("cache_layout", "dynamic"), options.get("forward", "auto"), compile)
 
     def draft(self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None) -> Proposal:
         """k forwards: the queue, then each draft but the last (the cache never sees the last draft)."""
@@ -176,6 +177,7 @@ class TreeDrafter(CachedDrafter):
             raise TypeError(f"TreeDrafter got unknown options {sorted(unknown)}; it takes branching, label and "
                             f"forward")
         tree_shape(as_branching(branching))
+        check_runner_options("dynamic", options.get("forward", "auto"), compile)
         if compile:
             raise ValueError("token trees run eager on the dynamic cache layout: compile=true cannot draft trees")
 

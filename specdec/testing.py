@@ -145,6 +145,7 @@ def check_lossless(
     target: torch.nn.Module | None = None,
     draft: torch.nn.Module | None = None,
     seed: int = 1,
+    step: str = "host",
 ) -> LosslessReport:
     """Whether ``strategy`` with the drafter ``make_drafter(draft, target)`` (default: ``ModelDrafter(draft)``)
     keeps the target's distribution, under ``sampling`` (default temperature 1) and draft length ``k``.
@@ -153,6 +154,7 @@ def check_lossless(
     (acceptance about 0.3) for a wrong rule to show; models of your own must be small-vocabulary causal LMs in
     eval mode (the check enumerates vocab ** length continuations). ``samples`` must reach the test's minimum for
     this target and sampling (``minimum_samples``, about 1000 for the defaults); more gives the test more power.
+    ``step`` is the decode loop checked: "host" or "device" (``specdec.decode.Decoder``).
     """
     check_lossless_arguments(strategy, make_drafter, sampling, k, samples, length, significance, target, draft, seed)
     sampling = sampling if sampling is not None else SamplingConfig(temperature=1.0)
@@ -171,7 +173,8 @@ def check_lossless(
                          f"{MIN_EXPECTED}); the default 6000 suits the default models")
     drafter = make_drafter(draft, target) if make_drafter is not None else ModelDrafter(draft)
     ids = torch.tensor([prompt]).expand(samples, -1)
-    out = Decoder(target, drafter, strategy, FixedLength(k), sampling).generate(ids, max_new_tokens=length, seed=seed)
+    decoder = Decoder(target, drafter, strategy, FixedLength(k), sampling, step=step)
+    out = decoder.generate(ids, max_new_tokens=length, seed=seed)
     p_value = chi_square_p_value(continuation_codes(out.tokens, length, vocab), joint)
     return LosslessReport(p_value, significance, samples, length, out.stats.acceptance_rate)
 
