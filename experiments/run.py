@@ -20,7 +20,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from experiments import results
+from experiments import rundir
 from experiments.checks import ConfigError, one_line
 from experiments.runner import Job, job_from_hydra, run
 
@@ -31,7 +31,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 @hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name="run")
 def main(cfg: DictConfig) -> None:
     job = job_from_hydra()
-    results.clear_failure(job.run_dir)
+    rundir.clear_failure(job.run_dir)
     try:
         run(cfg, job)
     except ConfigError as err:
@@ -50,7 +50,7 @@ def end_with_error(job: Job, exit_code: int, message: str) -> None:
     print(message, file=sys.stderr)
     if not job.in_sweep:
         sys.exit(exit_code)
-    results.record_failure(job.run_dir, exit_code, message)
+    rundir.record_failure(job.run_dir, exit_code, message)
 
 
 if __name__ == "__main__":

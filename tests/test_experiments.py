@@ -17,7 +17,7 @@ from conftest import CONFIGS, REPO, tiny_overrides
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from experiments import results, runner
+from experiments import rundir, runner
 from experiments import run as run_app
 from experiments.checks import ConfigError
 from experiments.loggers import WandbLogger, WandbWarning
@@ -484,19 +484,19 @@ def test_wandb_logger_disabled_mode_needs_no_account(tmp_path):
 
 
 def test_summary_statistics():
-    mean, low, high, n = results.mean_ci([1.0, 2.0, 3.0, None])
+    mean, low, high, n = rundir.mean_ci([1.0, 2.0, 3.0, None])
     assert (mean, n) == (2.0, 3) and high - mean == pytest.approx(4.3026527 * 1.0 / 3**0.5)  # t_{0.975, 2}
-    assert results.mean_ci([2.0])[1] != results.mean_ci([2.0])[1]  # NaN: no interval from one prompt
+    assert rundir.mean_ci([2.0])[1] != rundir.mean_ci([2.0])[1]  # NaN: no interval from one prompt
 
 
 def test_run_summary_prints_no_interval_for_two_prompts_and_clips_to_the_range():
     """Two prompts: the summary says why there is no interval instead of printing [-2.59, 4.07]; three spread-out
     acceptance rates: the interval stops at [0, 1]."""
     two = [{"acceptance_rate": 0.1, "speedup": 1.0}, {"acceptance_rate": 0.9, "speedup": 2.0}]
-    table = results.format_table(results.summarize(two), "title")
+    table = rundir.format_table(rundir.summarize(two), "title")
     assert "n/a (< 3 prompts)" in table and "-" not in table.split("acceptance_rate")[1].splitlines()[0]
     three = [{"acceptance_rate": value} for value in (0.02, 0.5, 0.98)]
-    metric = results.summarize(three)["metrics"]["acceptance_rate"]
+    metric = rundir.summarize(three)["metrics"]["acceptance_rate"]
     assert (metric["ci_low"], metric["ci_high"]) == (0.0, 1.0)
 
 
