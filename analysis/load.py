@@ -150,14 +150,17 @@ def job_state(job_dir: Path) -> UnfinishedJob | None:
         error = failure["error"] if failure is not None else f"unreadable failure mark: {failure_problem}"
         return UnfinishedJob(job_dir, "failed", f"{error} ({rows} row(s) kept)", rows)
     summary = read_summary(job_dir).value
-    if summary is not None:
-        if summary.get("status") == "skipped":
-            return UnfinishedJob(job_dir, "skipped", str(summary.get("reason")), rows)
+    if summary is not None and summary.get("status") == "skipped":
+        return UnfinishedJob(job_dir, "skipped", str(summary.get("reason")), rows)
+    if rows:
         return None
-    if not rows:
-        return UnfinishedJob(job_dir, "no rows", f"no {SUMMARY} and no rows: killed before its first prompt "
-                                                 "finished, or still running", 0)
-    return None
+    if found.set_aside:
+        return UnfinishedJob(job_dir, "unreadable", f"{job_dir / ROWS} holds no readable row "
+                                                    f"({describe_pieces(found.set_aside)})", 0)
+    if summary is not None:
+        return UnfinishedJob(job_dir, "no rows", f"{SUMMARY} but no rows", 0)
+    return UnfinishedJob(job_dir, "no rows", f"no {SUMMARY} and no rows: killed before its first prompt finished, "
+                                             "or still running", 0)
 
 
 def _natural_key(path: Path) -> list:

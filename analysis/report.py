@@ -29,7 +29,7 @@ from analysis.load import (
 from analysis.plots import plot_acceptance, plot_per_position, plot_speedup, plot_throughput
 from analysis.summarize import format_value, setting_label, summarize_runs, varying_axes
 from analysis.tables import format_cell, pivot_metric, to_markdown
-from specdec.results import MIN_PROMPTS_FOR_INTERVAL, ROWS, SUMMARY
+from specdec.results import INTERVAL_METRICS, MIN_PROMPTS_FOR_INTERVAL, ROWS, SUMMARY, finite_values
 
 PIVOT_METRICS = ("speedup", "acceptance_rate", "mean_accepted_length")
 PLOTS = (
@@ -134,7 +134,7 @@ def header(paths: list[str], frame: pd.DataFrame, summary: pd.DataFrame, jobs: l
             lines.append(f"- **Partial run** (no {SUMMARY}, killed?): `{run['run_dir']}`, "
                          f"{run['n_prompts']} prompts loaded")
     lines += [f"- **Left out:** {line}" for run in runs for line in run.left_out]
-    lines += job_lines(jobs) + timing_lines(frame, summary)
+    lines += job_lines(jobs) + gap_lines(frame) + timing_lines(frame, summary)
     lines += ["", fastest_sentence(summary), ""]
     return "\n".join(lines)
 
@@ -146,6 +146,16 @@ JOB_TITLES = {"failed": "Failed job", "skipped": "Skipped job", "no rows": "Job 
 def job_lines(jobs: list[UnfinishedJob]) -> list[str]:
     """One line per job that left no complete run, so that none is silently missing from the comparison."""
     return [f"- **{JOB_TITLES[job.state]}** `{job.job_dir}`: {job.detail}" for job in jobs]
+
+
+def gap_lines(frame: pd.DataFrame) -> list[str]:
+    """Metrics no row measured (null everywhere: nothing drafted, runs with no timings), so that empty cells and
+    plots say why they are empty."""
+    empty = [metric for metric in INTERVAL_METRICS if not finite_values(frame[metric])]
+    if not empty:
+        return []
+    return [f"- **No values:** {', '.join(empty)} {'is' if len(empty) == 1 else 'are'} null in every row, so "
+            "their cells below are empty and their plots show nothing."]
 
 
 def timing_lines(frame: pd.DataFrame, summary: pd.DataFrame) -> list[str]:

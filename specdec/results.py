@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple
@@ -259,8 +260,8 @@ def confidence_interval(values, level: float = 0.95, metric: str | None = None) 
 def finite_values(values) -> list[float]:
     """The values that are finite numbers, as floats (JSON writes an undefined metric as null; a damaged row may
     hold anything)."""
-    numbers = (float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
-    return [v for v in numbers if math.isfinite(v)]
+    floats = (float(v) for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool))
+    return [v for v in floats if math.isfinite(v)]
 
 
 # Reading ------------------------------------------------------------------------------------------------------------
@@ -344,12 +345,12 @@ def first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-# Why a piece of rows.jsonl is not kept as a row, as the one-line reports count them.
-UNREADABLE = "unreadable line piece"  # not UTF-8, or not a JSON object
-NOT_A_ROW = "object without run_id and prompt_id"
-OTHER_RUN = "row of another run"
-DUPLICATE = "duplicate row"
-STALE = "row of a prompt no longer in the prompt set"  # resume's judgement: only it knows the prompt set
+# Why a piece of rows.jsonl is not kept as a row, as the one-line reports count them ("2 duplicate row(s)").
+UNREADABLE = "unreadable line piece(s)"  # not UTF-8, or not a JSON object
+NOT_A_ROW = "object(s) without run_id or prompt_id"
+OTHER_RUN = "row(s) of another run"
+DUPLICATE = "duplicate row(s)"
+STALE = "row(s) of prompts no longer in the prompt set"  # resume's judgement: only it knows the prompt set
 
 
 @dataclass(frozen=True)
@@ -471,7 +472,7 @@ def describe_pieces(pieces: list[Piece]) -> str:
     """'2 unreadable line piece(s), 1 duplicate row(s)': the pieces counted by reason, in a fixed order."""
     order = (UNREADABLE, NOT_A_ROW, OTHER_RUN, DUPLICATE, STALE)
     counts = {reason: sum(piece.reason == reason for piece in pieces) for reason in order}
-    return ", ".join(f"{count} {reason}(s)" for reason, count in counts.items() if count)
+    return ", ".join(f"{count} {reason}" for reason, count in counts.items() if count)
 
 
 # Documentation and tables -------------------------------------------------------------------------------------------

@@ -236,8 +236,8 @@ def test_varying_axes_leave_out_relabellings():
     assert varying_axes(summary[summary["strategy"] == "a"], exclude=("k",)) == ["sampling"]
 
 
-@pytest.mark.parametrize("case", ["no_runs", "empty_rows", "missing_metric", "type_conflict", "bad_json",
-                                  "duplicate_run_id", "missing_path"])
+@pytest.mark.parametrize("case", ["no_runs", "empty_rows", "missing_metric", "type_conflict", "duplicate_run_id",
+                                  "missing_path", "rows_is_a_directory"])
 def test_bad_input_errors_name_the_path(tmp_path, case):
     bad = tmp_path / "bad"
     if case == "no_runs":
@@ -252,10 +252,8 @@ def test_bad_input_errors_name_the_path(tmp_path, case):
     elif case == "type_conflict":
         write_run(tmp_path / "good", [make_row("a", "p0")])
         write_run(bad, [make_row("b", "p0") | {"k": "4"}])
-    elif case == "bad_json":
-        write_run(bad, [make_row("a", "p0")])
-        with open(bad / "rows.jsonl", "a") as rows:
-            rows.write('{"run_id": "a", \n' + json.dumps(make_row("a", "p2")) + "\n")
+    elif case == "rows_is_a_directory":
+        (bad / "rows.jsonl").mkdir(parents=True)
     elif case == "duplicate_run_id":
         write_run(tmp_path / "good", [make_row("a", "p0")])
         write_run(bad, [make_row("a", "p0")])
