@@ -265,7 +265,8 @@ def test_resume_keeps_every_row_that_parses(tiny, tmp_path, capsys, damage, kept
     assert len(report) == 1 and f"{kept} row(s) kept" in report[0] and "2 prompt(s) left" in report[0]
     side = run_dir / "rows.set-aside.jsonl"
     if set_aside:
-        assert side.read_text() == '{"run_id": "garbled\n' and "1 unreadable line piece(s) set aside" in report[0]
+        assert side.read_text() == '{"run_id": "garbled\n'
+        assert "1 set aside in rows.set-aside.jsonl (1 unreadable line piece(s))" in report[0]
     else:
         assert not side.exists()
 

@@ -102,12 +102,12 @@ def test_a_second_writer_is_refused_in_one_line_naming_the_holder(tiny, tmp_path
                       "hydra.run.dir"]
 
 
-def test_two_resume_true_runs_do_not_both_continue_one_directory(tiny, tmp_path, holder, loads):
+def test_two_resume_true_runs_do_not_both_continue_one_directory(tiny, tmp_path, loads):
     first = tmp_path / "outputs" / "first"
     overrides = killed_run(tiny, first)
-    holder(first)  # the first resume=true holds it
-    with pytest.raises(RunDirectoryError, match=f"run directory {first} is being written by pid"):
-        runner.run(*compose_run([*overrides, "resume=true"], tmp_path / "outputs" / "second"))
+    with RunLock(first):  # the first resume=true holds it
+        with pytest.raises(RunDirectoryError, match=f"run directory {first} is being written by pid {os.getpid()}"):
+            runner.run(*compose_run([*overrides, "resume=true"], tmp_path / "outputs" / "second"))
     assert len(rows_of(first)) == 2 and loads["pair"] == 1  # the killed run's load only
 
 
@@ -432,6 +432,7 @@ def test_an_append_only_rows_file_that_cannot_be_rewritten_keeps_its_rows(tiny, 
     assert_each_prompt_once(run_dir, FOUR)
 
 
+@pytest.mark.slow
 def test_a_real_file_size_limit_ends_the_run_in_one_line(tiny, tmp_path):
     """No injection: `ulimit -f` below what six rows need (a row is about 1.3 kB; Hydra's own hydra.yaml about
     4.3 kB). The kernel cuts the fifth row's write short, then refuses the rest of it."""
