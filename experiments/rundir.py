@@ -376,21 +376,22 @@ class Recovery:
 
 
 def recover(run_dir: Path, prompts: list, columns: dict) -> Recovery:
-    """Before rows are appended: move aside files that cannot be read, keep one row per prompt of ``prompts``,
-    append every other piece of rows.jsonl to rows.set-aside.jsonl, then rewrite rows.jsonl as those rows, one per
-    line. The pieces reach the side file before rows.jsonl is replaced (atomically), so a kill at any point leaves
-    each row in one of the two. Kept rows from another setting (``columns``) end the run in one line."""
-    moved = move_damaged_files(run_dir)
+    """Before rows are appended: keep one row per prompt of ``prompts``, move aside files that cannot be read,
+    append every other piece of rows.jsonl to rows.set-aside.jsonl, then rewrite rows.jsonl as the rows kept, one
+    per line. The pieces reach the side file before rows.jsonl is replaced (atomically), so a kill at any point
+    leaves each row in one of the two. Kept rows of another setting (``columns``) end the run in one line, before
+    anything is moved."""
     found = read_rows_file(run_dir)
     hashes, ids = {prompt.hash for prompt in prompts}, {str(prompt.id) for prompt in prompts}
     rows, stale = [], []
     for row in found.rows:
         (rows if decodes_one_of(row, hashes, ids) else stale).append(row)
-    pieces = found.set_aside + [Piece(0, dump(row), STALE) for row in stale]
     difference = identity_difference(rows, columns)
     if difference:
         raise ConfigError(f"run directory {run_dir} holds rows of another setting ({difference}); use a new "
                           "hydra.run.dir or resume with the same settings")
+    moved = move_damaged_files(run_dir)
+    pieces = found.set_aside + [Piece(0, dump(row), STALE) for row in stale]
     path = run_dir / ROWS
     if pieces:
         with writing(run_dir / SET_ASIDE, run_dir):

@@ -1,5 +1,6 @@
-"""One run: validate the config, load the pair and prompts, then for each prompt decode with the autoregressive
-baseline and with speculative decoding (interleaved, same seed) and append one row to rows.jsonl.
+"""One run: validate the config, load the pair and prompts, take the run directory (``experiments.rundir``: one
+writer, resume), then for each prompt decode with the autoregressive baseline and with speculative decoding
+(interleaved, same seed) and append one row (``specdec.results.Row``) to rows.jsonl.
 
 The composed ``DictConfig`` stops here: groups become library objects through ``hydra.utils.instantiate`` and
 the library (``specdec``) is called with plain arguments.
@@ -176,8 +177,8 @@ def load_checked_prompts(cfg: DictConfig) -> list:
     ids = [str(p.id) for p in prompts]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
-        raise ConfigError(f"data.source={source!r}: prompt ids must be unique (resume keys on them); repeated: "
-                          f"{', '.join(duplicates[:5])}")
+        raise ConfigError(f"data.source={source!r}: prompt ids must be unique (rows and reports name prompts by "
+                          f"them); repeated: {', '.join(duplicates[:5])}")
     if not prompts:
         raise ConfigError(f"data.source={source!r}: the prompt set is empty (no prompts, or num_prompts=0)")
     return prompts

@@ -351,7 +351,9 @@ def test_bad_input_fails_in_one_line_before_any_model_loads(bad, named, tiny, tm
 
 
 @pytest.mark.parametrize("lines, named", [
-    (['{"id": "a", "text": "one"}', '{"id": "a", "text": "two"}'], "prompt ids must be unique (resume keys on them); repeated: a"),
+    (['{"id": "a", "text": "one"}', '{"id": "a", "text": "two"}'],
+     "prompt ids must be unique (rows and reports name prompts by them); repeated: a"),
+    (['{"id": "a", "text": "one"}', '{"id": "b", "text": "one"}'], "prompts.jsonl:2: the same text as line 1"),
     ([], "the prompt set is empty"),
     (['{"id": "a", "text": "  "}'], "empty 'text': a prompt needs at least one token"),
     (['{"id": "a", "text": "fine"}', '{"id": "b", "text"'], "not valid JSON"),
