@@ -33,6 +33,7 @@ from specdec.results import (
     read_failure,
     read_rows_file,
     read_summary,
+    type_problem,
 )
 
 # What analysis/ itself reads; other schema columns are loaded when present (rows of older runs lack some).
@@ -242,11 +243,15 @@ def build_frame(runs: list[RunRows]) -> pd.DataFrame:
 
 
 def check_required(run: RunRows) -> None:
+    """Each row holds the columns analysis/ reads, and every schema column it holds has the record's type."""
     for number, row in enumerate(run.rows, 1):
         missing = [column for column in REQUIRED_COLUMNS if column not in row]
         if missing:
             raise ResultsError(f"{run.source}: row {number} lacks required column(s) {', '.join(missing)}; "
                                f"required: {', '.join(REQUIRED_COLUMNS)}")
+        problem = type_problem(row)
+        if problem:
+            raise ResultsError(f"{run.source}: row {number}: {problem}")
 
 
 def _kind(value) -> str:

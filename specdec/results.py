@@ -216,6 +216,30 @@ METRIC_RANGES = {
 MIN_PROMPTS_FOR_INTERVAL = 3  # with 2, t_{0.975, 1} = 12.7: an "interval" that says nothing
 
 
+def annotation_types(annotation: str, nullable: bool) -> tuple[type, ...]:
+    """The JSON-level Python types a field annotated ``annotation`` may hold ("float | None" -> float, int,
+    NoneType); ``nullable``: null is allowed whatever the annotation (a metric that is undefined)."""
+    names = ["list"] if annotation.startswith("list") else [name.strip() for name in annotation.split("|")]
+    known = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "None": (type(None),),
+             "list": (list,)}
+    return tuple({kind for name in names for kind in known[name]} | ({type(None)} if nullable else set()))
+
+
+# Column -> (its annotation, the types its values may have). Metrics are null where undefined (NaN).
+COLUMN_TYPES = {f.name: (f.type, annotation_types(f.type, nullable=record is Metrics))
+                for record in (RunIdentity, Condition, PromptColumns, Metrics) for f in fields(record)}
+
+
+def type_problem(row: dict) -> str | None:
+    """The first schema column of ``row`` whose value has a type the record does not allow, in one line; None if
+    every one fits. A bool is no number here."""
+    for name, value in row.items():
+        annotation, kinds = COLUMN_TYPES.get(name, ("", ()))
+        if kinds and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+            return f"column {name} holds {value!r} ({type(value).__name__}) where the schema has {annotation}"
+    return None
+
+
 def json_ready(value):
     """``value`` with every non-finite float, at any depth, as None: JSON has no NaN."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -246,12 +270,12 @@ def confidence_interval(values, level: float = 0.95, metric: str | None = None) 
     n = len(x)
     if n == 0:
         return math.nan, math.nan, math.nan
-    mean = math.fsum(x) / n
+    mean = math.fsum(v / n for v in x)  # each term divided first: values near float's maximum sum without overflow
     if n < MIN_PROMPTS_FOR_INTERVAL:
         return mean, math.nan, math.nan
     from scipy.stats import t  # here, so that importing the schema costs nothing
 
-    deviation = math.sqrt(math.fsum((v - mean) ** 2 for v in x) / (n - 1))
+    deviation = math.sqrt(math.fsum((v - mean) * (v - mean) for v in x) / (n - 1))  # inf past float's range
     half = float(t.ppf((1 + level) / 2, n - 1)) * deviation / math.sqrt(n)
     lowest, highest = METRIC_RANGES.get(metric, (-math.inf, math.inf))
     return mean, max(mean - half, lowest), min(mean + half, highest)

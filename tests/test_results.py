@@ -39,6 +39,7 @@ from specdec.results import (
     read_rows_file,
     read_summary,
     schema_tables,
+    type_problem,
 )
 from specdec.stats import DecodeStats, RowStats
 
@@ -209,6 +210,22 @@ def test_a_failure_mark_needs_an_error_and_an_exit_code(tmp_path):
     assert "lacks a string 'error' and an integer 'exit_code'" in read_failure(tmp_path).problem
     (tmp_path / "failure.json").write_text(json.dumps({"exit_code": 2, "error": "config error: k=0"}))
     assert read_failure(tmp_path) == ({"exit_code": 2, "error": "config error: k=0"}, None)
+
+
+def test_column_types_come_from_the_record():
+    row = a_row().to_json()
+    assert type_problem(row) is None and type_problem(row | {"speedup": None, "top_k": None}) is None
+    assert type_problem(row | {"k": "four"}) == "column k holds 'four' (str) where the schema has int"
+    assert type_problem(row | {"k": True}) == "column k holds True (bool) where the schema has int"
+    assert type_problem(row | {"strategy": None}) == "column strategy holds None (NoneType) where the schema has str"
+    assert "where the schema has list[float | None]" in type_problem(row | {"per_position_acceptance": "0.5"})
+    assert type_problem({"strategy_lenience": "anything"}) is None  # an option's parameter: not in the record
+
+
+def test_confidence_interval_of_values_near_floats_maximum_does_not_overflow():
+    mean, low, high = confidence_interval([1e308, 1e308, 1e308], metric="speedup")
+    assert mean == pytest.approx(1e308) and (low, high) == (pytest.approx(1e308), pytest.approx(1e308))
+    assert confidence_interval([1e308, -1e308, 1e308])[2] == math.inf
 
 
 def test_confidence_interval_skips_what_is_not_a_finite_number():
