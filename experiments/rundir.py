@@ -63,6 +63,7 @@ REMEDIES = {
     errno.EACCES: "make it writable",
     errno.EPERM: "make it writable (chattr -i / chattr -a if it is immutable or append-only)",
     errno.EROFS: "remount the file system read-write, or copy the run directory to a writable place",
+    errno.EISDIR: "move the directory in its place away",
 }
 LOCK_ATTEMPTS = 100  # a holder removing its lock file between our open and our lock sends us round again
 

@@ -187,6 +187,10 @@ class Row:
         return json_ready({key: value for part in parts for key, value in part.items()})
 
 
+# The records whose fields are a row's columns, in row order (a row's options sit between the first two).
+SCHEMA_RECORDS = (RunIdentity, Condition, PromptColumns, Metrics)
+
+
 def names(record) -> tuple[str, ...]:
     return tuple(f.name for f in fields(record))
 
@@ -219,15 +223,15 @@ MIN_PROMPTS_FOR_INTERVAL = 3  # with 2, t_{0.975, 1} = 12.7: an "interval" that 
 def annotation_types(annotation: str, nullable: bool) -> tuple[type, ...]:
     """The JSON-level Python types a field annotated ``annotation`` may hold ("float | None" -> float, int,
     NoneType); ``nullable``: null is allowed whatever the annotation (a metric that is undefined)."""
-    names = ["list"] if annotation.startswith("list") else [name.strip() for name in annotation.split("|")]
+    parts = ["list"] if annotation.startswith("list") else [part.strip() for part in annotation.split("|")]
     known = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "None": (type(None),),
              "list": (list,)}
-    return tuple({kind for name in names for kind in known[name]} | ({type(None)} if nullable else set()))
+    return tuple({kind for part in parts for kind in known[part]} | ({type(None)} if nullable else set()))
 
 
 # Column -> (its annotation, the types its values may have). Metrics are null where undefined (NaN).
 COLUMN_TYPES = {f.name: (f.type, annotation_types(f.type, nullable=record is Metrics))
-                for record in (RunIdentity, Condition, PromptColumns, Metrics) for f in fields(record)}
+                for record in SCHEMA_RECORDS for f in fields(record)}
 
 
 def type_problem(row: dict) -> str | None:
@@ -500,9 +504,6 @@ def describe_pieces(pieces: list[Piece]) -> str:
 
 
 # Documentation and tables -------------------------------------------------------------------------------------------
-
-SCHEMA_RECORDS = (RunIdentity, Condition, PromptColumns, Metrics)
-
 
 def schema_tables() -> str:
     """The column tables of docs/results-schema.md, one per record: column, Python type (None and NaN are JSON

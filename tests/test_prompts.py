@@ -64,7 +64,8 @@ def test_the_hash_names_the_source_so_two_sets_never_share_ids(tmp_path):
 @pytest.mark.parametrize("name, content, message", [
     ("twice.txt", "one\ntwo\n  one \n", "twice.txt:3: the same text as line 1"),
     ("twice.jsonl", '{"id": "a", "text": "x"}\n{"id": "b", "text": "x"}\n', "twice.jsonl:2: the same text as line 1"),
-    ("ids.jsonl", '{"id": true, "text": "x"}\n', "ids.jsonl:1: 'id' must be a non-empty string or an integer, got True"),
+    ("ids.jsonl", '{"id": true, "text": "x"}\n',
+     "ids.jsonl:1: 'id' must be a non-empty string or an integer, got True"),
     ("ids.jsonl", '{"id": "", "text": "x"}\n', "got ''"),
     ("binary.txt", b"\xff\xfeok\n", "binary.txt: not UTF-8 text"),
 ])

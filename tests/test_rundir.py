@@ -160,7 +160,7 @@ def test_without_file_locks_the_pid_and_host_decide(tmp_path, monkeypatch, holde
             assert json.loads((run_dir / "run.lock").read_text())["pid"] == os.getpid()
 
 
-# Rows keyed by the prompt's content ------------------------------------------------------------------------------------
+# Rows keyed by the prompt's content -----------------------------------------------------------------------------
 
 def test_editing_a_txt_prompt_file_between_resumes_never_mixes_prompts(tiny, tmp_path, capsys):
     """Issue 28 item 4: ids were line positions, so a line inserted at the top meant one prompt was never decoded,
