@@ -1,6 +1,7 @@
 """Read specdec results (local run/sweep directories or W&B) into pandas, compare settings, plot, report."""
 
 from analysis.load import (
+    DamagedRunWarning,
     PartialRunWarning,
     ResultsError,
     load_runs,
@@ -12,6 +13,7 @@ from analysis.tables import pivot_metric, to_markdown
 from specdec.results import confidence_interval
 
 __all__ = [
+    "DamagedRunWarning",
     "PartialRunWarning",
     "ResultsError",
     "confidence_interval",

@@ -1,8 +1,9 @@
 """Read experiment results (docs/results-schema.md) into one tidy frame: one row per (run, prompt).
 
-Run directories are found by their `rows.jsonl`; a run without `summary.json` was killed and is loaded as
-`partial`. Every inconsistency raises a one-line `ResultsError` naming the file or run it came from. File names,
-metric columns and the parsing of rows come from the schema module, ``specdec.results``.
+Run directories are found by their `rows.jsonl`; a run without a readable `summary.json` was killed and is loaded
+as `partial`. Files are read by the readers resume uses (``specdec.results``), so both sides keep the same rows: one
+per prompt of one run. What they leave out (damaged pieces, duplicate rows, rows of another run) is said in one
+`DamagedRunWarning` per run; what cannot be loaded at all raises a one-line `ResultsError` naming the file or run.
 """
 
 from __future__ import annotations
@@ -12,17 +13,31 @@ import numbers
 import os
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
-from specdec.results import CONFIG, FAILURE, INTERVAL_METRICS, LIST_COLUMNS, ROWS, SUMMARY, parse_rows
+from specdec.results import (
+    CONFIG,
+    FAILURE,
+    INTERVAL_METRICS,
+    LIST_COLUMNS,
+    ROW_KEY,
+    ROWS,
+    SUMMARY,
+    UNREADABLE,
+    RowsRead,
+    describe_pieces,
+    read_config,
+    read_failure,
+    read_rows_file,
+    read_summary,
+    type_problem,
+)
 
-# What analysis/ itself reads; other schema columns are loaded when present.
-REQUIRED_COLUMNS = ("run_id", "prompt_id", "pair", "strategy", "k", "sampling", *INTERVAL_METRICS,
-                    "per_position_acceptance")
+# What analysis/ itself reads; other schema columns are loaded when present (rows of older runs lack some).
+REQUIRED_COLUMNS = (*ROW_KEY, "pair", "strategy", "k", "sampling", *INTERVAL_METRICS, *LIST_COLUMNS)
 
 
 class ResultsError(ValueError):
@@ -33,12 +48,18 @@ class PartialRunWarning(UserWarning):
     """A run without summary.json (killed or still running) was loaded."""
 
 
+class DamagedRunWarning(UserWarning):
+    """Part of a run directory could not be read as it should be and was left out: pieces of rows.jsonl that are
+    not rows, duplicate rows (each prompt counts once), rows of another run, an unreadable summary.json."""
+
+
 @dataclass
 class UnfinishedJob:
     """A run or sweep job directory that holds no complete run."""
 
     job_dir: Path
-    state: str  # "failed" (failure.json), "skipped" (summary.json says so), "no rows" (neither, and no rows)
+    state: str  # "failed" (failure.json), "skipped" (summary.json says so), "no rows" (neither, and no rows),
+    # "unreadable" (rows.jsonl cannot be read: a directory, no permission)
     detail: str  # the error, the reason, or what may have happened
     rows: int  # rows it kept
 
@@ -48,16 +69,20 @@ class RunRows:
     source: str  # run directory or W&B run URL, named in every error
     rows: list[dict]
     partial: bool
+    left_out: list[str] = field(default_factory=list)  # one line per thing the readers left out (also warned)
 
 
 def load_runs(*paths: str | os.PathLike, config_keys: tuple[str, ...] = ()) -> pd.DataFrame:
     """Load run and sweep directories into one frame, one row per (run, prompt).
 
-    Adds `run_dir` and `partial` (no summary.json). `config_keys` are dotted keys of config.yaml
+    Adds `run_dir` and `partial` (no readable summary.json). `config_keys` are dotted keys of config.yaml
     (e.g. "model.target.name") copied into columns of that name, for settings the rows do not carry.
     """
-    runs = [read_run(run_dir, config_keys) for run_dir in find_run_dirs(paths)]
-    return build_frame(runs)
+    return build_frame(read_runs(find_run_dirs(paths), config_keys))
+
+
+def read_runs(run_dirs: list[Path], config_keys: tuple[str, ...] = ()) -> list[RunRows]:
+    return [read_run(run_dir, config_keys) for run_dir in run_dirs]
 
 
 def check_paths(paths) -> list[Path]:
@@ -117,19 +142,26 @@ def unfinished_jobs(*paths: str | os.PathLike) -> list[UnfinishedJob]:
 
 def job_state(job_dir: Path) -> UnfinishedJob | None:
     """What became of one job directory; None for a complete run, or a partial one with rows and no error."""
-    rows = parse_rows((job_dir / ROWS).read_text(encoding="utf-8"))[0] if (job_dir / ROWS).exists() else []
-    if (job_dir / FAILURE).exists():
-        failure = json.loads((job_dir / FAILURE).read_text(encoding="utf-8"))
-        return UnfinishedJob(job_dir, "failed", f"{failure.get('error')} ({len(rows)} row(s) kept)", len(rows))
-    if (job_dir / SUMMARY).exists():
-        summary = json.loads((job_dir / SUMMARY).read_text(encoding="utf-8"))
-        if summary.get("status") == "skipped":
-            return UnfinishedJob(job_dir, "skipped", str(summary.get("reason")), len(rows))
+    found = read_rows_file(job_dir)
+    if found.problem:
+        return UnfinishedJob(job_dir, "unreadable", found.problem, 0)
+    rows = len(found.rows)
+    failure, failure_problem = read_failure(job_dir)
+    if failure is not None or failure_problem is not None:
+        error = failure["error"] if failure is not None else f"unreadable failure mark: {failure_problem}"
+        return UnfinishedJob(job_dir, "failed", f"{error} ({rows} row(s) kept)", rows)
+    summary = read_summary(job_dir).value
+    if summary is not None and summary.get("status") == "skipped":
+        return UnfinishedJob(job_dir, "skipped", str(summary.get("reason")), rows)
+    if rows:
         return None
-    if not rows:
-        return UnfinishedJob(job_dir, "no rows", f"no {SUMMARY} and no rows: killed before its first prompt "
-                                                 "finished, or still running", 0)
-    return None
+    if found.set_aside:
+        return UnfinishedJob(job_dir, "unreadable", f"{job_dir / ROWS} holds no readable row "
+                                                    f"({describe_pieces(found.set_aside)})", 0)
+    if summary is not None:
+        return UnfinishedJob(job_dir, "no rows", f"{SUMMARY} but no rows", 0)
+    return UnfinishedJob(job_dir, "no rows", f"no {SUMMARY} and no rows: killed before its first prompt finished, "
+                                             "or still running", 0)
 
 
 def _natural_key(path: Path) -> list:
@@ -138,43 +170,53 @@ def _natural_key(path: Path) -> list:
 
 
 def read_run(run_dir: Path, config_keys: tuple[str, ...] = ()) -> RunRows:
-    """Rows of one run directory; warns when the run is partial."""
-    partial = not (run_dir / SUMMARY).exists()
-    rows = read_rows(run_dir / ROWS, partial)
-    if partial:
-        warnings.warn(f"{run_dir}: no {SUMMARY}, loaded {len(rows)} rows of a partial (killed?) run",
+    """Rows of one run directory, one per prompt; warns when the run is partial or when anything was left out."""
+    summary = read_summary(run_dir)
+    partial = summary.value is None
+    found = read_rows_file(run_dir)
+    if found.problem:
+        raise ResultsError(found.problem)
+    if not found.rows:
+        raise ResultsError(f"{run_dir / ROWS}: no rows; a run must finish at least one prompt to be loaded")
+    left_out = left_out_lines(run_dir, found, partial)
+    if summary.problem:
+        left_out.append(f"{summary.problem}; loaded as a partial run")
+    for line in left_out:
+        warnings.warn(line, DamagedRunWarning)
+    if partial and summary.problem is None:
+        warnings.warn(f"{run_dir}: no {SUMMARY}, loaded {len(found.rows)} rows of a partial (killed?) run",
                       PartialRunWarning)
     if config_keys:
-        add_config(rows, read_config(run_dir / CONFIG), config_keys, run_dir)
-    return RunRows(str(run_dir), rows, partial)
+        add_config(found.rows, config_of(run_dir), config_keys, run_dir)
+    return RunRows(str(run_dir), found.rows, partial, left_out)
 
 
-def read_rows(path: Path, partial: bool) -> list[dict]:
-    """The rows of rows.jsonl, parsed as resume parses them (``specdec.results.parse_rows``: two rows merged on
-    one line are both kept). A killed run may end in a half-written line, which is dropped with a warning; any
-    other piece that does not parse is an error (resume sets such pieces aside, so a finished run has none)."""
-    text = path.read_text(encoding="utf-8")
-    rows, unparsed = parse_rows(text)
-    last_line = max((number for number, line in enumerate(text.splitlines(), 1) if line.strip()), default=0)
-    if not rows and not unparsed:
-        raise ResultsError(f"{path}: no rows; a run must finish at least one prompt to be loaded")
-    for number, piece in unparsed:
-        if partial and number == last_line and rows:
-            warnings.warn(f"{path}:{number}: dropped a half-written last row ({shorten(piece)})", PartialRunWarning)
-            continue
-        raise ResultsError(f"{path}:{number}: not a row (a JSON object): {shorten(piece)}")
-    return rows
+def left_out_lines(run_dir: Path, found: RowsRead, partial: bool) -> list[str]:
+    """What the reader left out of rows.jsonl, in one line (none if nothing). A killed run may end in a
+    half-written line: that one is expected, and warned about as part of the partial run."""
+    pieces = found.set_aside
+    torn = [piece for piece in pieces if partial and piece.reason == UNREADABLE and piece.line == found.last_line]
+    for piece in torn:
+        warnings.warn(f"{run_dir / ROWS}:{piece.line}: dropped a half-written last row ({shorten(piece.raw)})",
+                      PartialRunWarning)
+    damage = [piece for piece in pieces if piece not in torn]
+    if not damage:
+        return []
+    lines = ", ".join(str(piece.line) for piece in damage[:5]) + (", ..." if len(damage) > 5 else "")
+    return [f"{run_dir / ROWS}: left out {describe_pieces(damage)} (line(s) {lines}); each prompt counts once"]
 
 
-def shorten(piece: str, width: int = 40) -> str:
-    return repr(piece if len(piece) <= width else piece[:width] + "...")
+def shorten(piece: bytes, width: int = 40) -> str:
+    text = piece.decode("utf-8", errors="replace")
+    return repr(text if len(text) <= width else text[:width] + "...")
 
 
-def read_config(path: Path) -> dict:
-    """The resolved Hydra config of a run."""
-    if not path.exists():
-        raise ResultsError(f"{path}: missing; config_keys need the run's {CONFIG}")
-    return yaml.safe_load(path.read_text()) or {}
+def config_of(run_dir: Path) -> dict:
+    """The resolved Hydra config of a run, for ``config_keys``."""
+    config, problem = read_config(run_dir)
+    if config is None:
+        raise ResultsError(problem or f"{run_dir / CONFIG}: missing; config_keys need the run's {CONFIG}")
+    return config
 
 
 def add_config(rows: list[dict], config: dict, keys: tuple[str, ...], source) -> None:
@@ -201,11 +243,15 @@ def build_frame(runs: list[RunRows]) -> pd.DataFrame:
 
 
 def check_required(run: RunRows) -> None:
+    """Each row holds the columns analysis/ reads, and every schema column it holds has the record's type."""
     for number, row in enumerate(run.rows, 1):
         missing = [column for column in REQUIRED_COLUMNS if column not in row]
         if missing:
             raise ResultsError(f"{run.source}: row {number} lacks required column(s) {', '.join(missing)}; "
                                f"required: {', '.join(REQUIRED_COLUMNS)}")
+        problem = type_problem(row)
+        if problem:
+            raise ResultsError(f"{run.source}: row {number}: {problem}")
 
 
 def _kind(value) -> str:

@@ -48,10 +48,14 @@ def plot_speedup(data: pd.DataFrame, path: str | Path) -> Path:
     fig = Figure(figsize=(9, 6), layout="constrained")
     ax = fig.subplots()
     for label, color, runs, x in settings(summary):
-        best = np.nanargmax(runs["speedup_mean"].to_numpy())
-        errorbar(ax, x, runs, "speedup", color, f"{label} (best k={runs['k'].iloc[best]})")
+        measured = runs["speedup_mean"].to_numpy(dtype=float)
+        if np.isnan(measured).all():  # no prompt of this setting has a measured speedup: nothing to star
+            errorbar(ax, x, runs, "speedup", color, f"{label} (no measured speedup)")
+        else:
+            best = np.nanargmax(measured)
+            errorbar(ax, x, runs, "speedup", color, f"{label} (best k={runs['k'].iloc[best]})")
+            ax.plot(x[best], measured[best], color=color, **BEST_MARKER)
         ax.plot(x, runs["predicted_speedup"], color=color, linestyle="--", marker=".")
-        ax.plot(x[best], runs["speedup_mean"].iloc[best], color=color, **BEST_MARKER)
     ax.axhline(1, color="grey", linestyle=":", linewidth=1)
     integer_ticks(ax, summary["k"])
     ax.set(xlabel="draft length k", ylabel="speedup over autoregressive baseline (×)")

@@ -8,23 +8,28 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
 import pandas as pd
 
 from analysis.load import (
+    DamagedRunWarning,
     PartialRunWarning,
     ResultsError,
+    RunRows,
     UnfinishedJob,
-    load_runs,
+    build_frame,
+    find_run_dirs,
     loadable_run_dirs,
+    read_runs,
     unfinished_jobs,
 )
 from analysis.plots import plot_acceptance, plot_per_position, plot_speedup, plot_throughput
 from analysis.summarize import format_value, setting_label, summarize_runs, varying_axes
 from analysis.tables import format_cell, pivot_metric, to_markdown
-from specdec.results import MIN_PROMPTS_FOR_INTERVAL, ROWS, SUMMARY
+from specdec.results import INTERVAL_METRICS, MIN_PROMPTS_FOR_INTERVAL, ROWS, SUMMARY, finite_values
 
 PIVOT_METRICS = ("speedup", "acceptance_rate", "mean_accepted_length")
 PLOTS = (
@@ -40,9 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", PartialRunWarning)
+            warnings.simplefilter("always", DamagedRunWarning)
             report = write_report(args.paths, args.out)
     except ResultsError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the report's own files: a full disk, a file where a directory should be
+        print(f"error: cannot write the report into {args.out or args.paths[0]}: {err.strerror or err}"
+              f"{f' ({err.filename})' if err.filename else ''}; choose another --out", file=sys.stderr)
         return 2
     finally:
         for warning in caught:  # one line each, without the source line Python would print
@@ -64,16 +74,17 @@ def write_report(paths: list[str], out: str | None = None) -> Path:
     were skipped or left no rows are named; when no job left rows, report.md names them and nothing else."""
     jobs = unfinished_jobs(*paths)
     out_dir = Path(out or paths[0])
+    check_out_dir(out_dir)
     run_dirs = loadable_run_dirs(paths, jobs)
     if jobs and not run_dirs:
         return write_markdown(out_dir, "\n".join(["# Speculative decoding report", "", *job_lines(jobs),
                                                   "", "No job wrote rows: nothing to compare.", ""]))
-    frame = load_runs(*(run_dirs or paths))  # with nothing to load, load_runs names what is missing
+    runs = read_runs(run_dirs or find_run_dirs(paths))  # with nothing to load, find_run_dirs names what is missing
+    frame = build_frame(runs)
     summary = summarize_runs(frame)
-    out_dir.mkdir(parents=True, exist_ok=True)
     summary.to_csv(out_dir / "summary.csv", index=False)
     sections = [
-        header(paths, frame, summary, jobs),
+        header(paths, frame, summary, jobs, runs),
         summary_section(summary),
         pivot_section(summary, out_dir),
         tree_section(frame, summary),
@@ -82,8 +93,17 @@ def write_report(paths: list[str], out: str | None = None) -> Path:
     return write_markdown(out_dir, "\n".join(sections))
 
 
+def check_out_dir(out_dir: Path) -> None:
+    """The report's directory, created and written to before anything is loaded; one line if it cannot be."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out_dir).close()
+    except OSError as err:
+        raise ResultsError(f"--out {out_dir}: cannot be created or written ({err.strerror or err}); choose another "
+                           "directory with --out DIR") from None
+
+
 def write_markdown(out_dir: Path, text: str) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
     report = out_dir / "report.md"
     report.write_text(text)
     return report
@@ -98,7 +118,8 @@ def label(run: pd.Series, axes: list[str]) -> str:
     return setting_label(run, axes) + (" (partial run)" if run["partial"] else "")
 
 
-def header(paths: list[str], frame: pd.DataFrame, summary: pd.DataFrame, jobs: list[UnfinishedJob]) -> str:
+def header(paths: list[str], frame: pd.DataFrame, summary: pd.DataFrame, jobs: list[UnfinishedJob],
+           runs: list[RunRows]) -> str:
     lines = [
         "# Speculative decoding report",
         "",
@@ -112,17 +133,29 @@ def header(paths: list[str], frame: pd.DataFrame, summary: pd.DataFrame, jobs: l
         if run["run_dir"] not in failed:  # a failed job's line says why it is partial
             lines.append(f"- **Partial run** (no {SUMMARY}, killed?): `{run['run_dir']}`, "
                          f"{run['n_prompts']} prompts loaded")
-    lines += job_lines(jobs) + timing_lines(frame, summary)
+    lines += [f"- **Left out:** {line}" for run in runs for line in run.left_out]
+    lines += job_lines(jobs) + gap_lines(frame) + timing_lines(frame, summary)
     lines += ["", fastest_sentence(summary), ""]
     return "\n".join(lines)
 
 
-JOB_TITLES = {"failed": "Failed job", "skipped": "Skipped job", "no rows": "Job without rows"}
+JOB_TITLES = {"failed": "Failed job", "skipped": "Skipped job", "no rows": "Job without rows",
+              "unreadable": "Unreadable job"}
 
 
 def job_lines(jobs: list[UnfinishedJob]) -> list[str]:
     """One line per job that left no complete run, so that none is silently missing from the comparison."""
     return [f"- **{JOB_TITLES[job.state]}** `{job.job_dir}`: {job.detail}" for job in jobs]
+
+
+def gap_lines(frame: pd.DataFrame) -> list[str]:
+    """Metrics no row measured (null everywhere: nothing drafted, runs with no timings), so that empty cells and
+    plots say why they are empty."""
+    empty = [metric for metric in INTERVAL_METRICS if not finite_values(frame[metric])]
+    if not empty:
+        return []
+    return [f"- **No values:** {', '.join(empty)} {'is' if len(empty) == 1 else 'are'} null in every row, so "
+            "their cells below are empty and their plots show nothing."]
 
 
 def timing_lines(frame: pd.DataFrame, summary: pd.DataFrame) -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from experiments import results
+from experiments import rundir
 
 REPO = Path(__file__).resolve().parents[1]  # where `python -m analysis.report` runs from
 
@@ -48,7 +48,7 @@ class WriteSweepReport(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
         write_report(sweep_dir)
-        failed = results.failures(sweep_dir)
+        failed = rundir.failures(sweep_dir)
         if failed:
             names = "; ".join(f"job {job_dir.name}: {mark['error']}" for job_dir, mark in failed.items())
             print(f"sweep: {len(failed)} job(s) failed ({names}); see {sweep_dir / 'report.md'}", file=sys.stderr)

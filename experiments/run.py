@@ -19,7 +19,7 @@ import traceback
 import hydra
 from omegaconf import DictConfig
 
-from experiments import results
+from experiments import rundir
 from experiments.config_checks import CONFIGS, ConfigError, one_line
 from experiments.runner import Job, job_from_hydra, run
 
@@ -28,7 +28,7 @@ from experiments.runner import Job, job_from_hydra, run
 @hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name="run")
 def main(cfg: DictConfig) -> None:
     job = job_from_hydra()
-    results.clear_failure(job.run_dir)
+    rundir.clear_failure(job.run_dir)
     try:
         run(cfg, job)
     except ConfigError as err:
@@ -47,7 +47,7 @@ def end_with_error(job: Job, exit_code: int, message: str) -> None:
     print(message, file=sys.stderr)
     if not job.in_sweep:
         sys.exit(exit_code)
-    results.record_failure(job.run_dir, exit_code, message)
+    rundir.record_failure(job.run_dir, exit_code, message)
 
 
 if __name__ == "__main__":

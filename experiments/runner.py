@@ -1,5 +1,6 @@
-"""One run: validate the config, load the pair and prompts, then for each prompt decode with the autoregressive
-baseline and with speculative decoding (interleaved, same seed) and append one row to rows.jsonl.
+"""One run: validate the config, load the pair and prompts, take the run directory (``experiments.rundir``: one
+writer, resume), then for each prompt decode with the autoregressive baseline and with speculative decoding
+(interleaved, same seed) and append one row (``specdec.results.Row``) to rows.jsonl.
 
 The composed ``DictConfig`` stops here: groups become library objects through ``hydra.utils.instantiate`` and
 the library (``specdec``) is called with plain arguments.
@@ -16,7 +17,7 @@ import copy
 import math
 import sys
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -28,11 +29,26 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import specdec
-from experiments import results
+from experiments import rundir
 from experiments.config_checks import ConfigError, one_line, validate
 from experiments.concurrency import LiveJobs, host_name, live_jobs_dir
 from specdec.batching import left_pad
-from specdec.results import CONFIG, SET_ASIDE, SUMMARY, read_rows
+from specdec.stats import DecodeStats
+from specdec.results import (
+    IDENTITY_COLUMNS,
+    SUMMARY,
+    Condition,
+    Metrics,
+    PromptColumns,
+    Row,
+    RunIdentity,
+    read_rows,
+)
+
+# Identity columns that the config alone does not fix: named once the run directory is known (run_id, group), by
+# the loaded pair (pair, device, dtype), or per batch (batch_size).
+UNSETTLED_COLUMNS = ("run_id", "group", "batch_size", "pair", "device", "dtype")
+LOADED_COLUMNS = ("pair", "device", "dtype")
 
 
 @dataclass
@@ -70,7 +86,13 @@ class Setting:
     sampling: specdec.SamplingConfig
     drafter_factory: Callable
     drafter: object | None  # built already if it needs no loaded model, else None (built from the factory)
-    columns: dict  # identity columns shared by every row of the run
+    identity: RunIdentity  # run_id and group set once the run directory is known; pair, device, dtype once loaded
+    options: dict  # every other parameter of a swept group, as <group>_<key> columns
+
+    def settled_columns(self) -> dict:
+        """The setting columns the config fixes before any model loads: what every row of this run will say."""
+        columns = {k: v for k, v in asdict(self.identity).items() if k not in UNSETTLED_COLUMNS}
+        return columns | self.options
 
 
 def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = None) -> dict | None:
@@ -82,33 +104,39 @@ def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = No
     if skip_reason and not job.in_sweep:
         raise ConfigError(f"{skip_reason} (a sweep skips such a job; a single run refuses it)")
     config = resolved(cfg)
-    out_dir, note = results.results_dir(config["resume"], job.run_dir, job.search_root, config)
+    setting = build_setting(cfg, job, objects)
+    out_dir, note = rundir.results_dir(config["resume"], job.run_dir, job.search_root, config,
+                                       setting.settled_columns())
     if out_dir.resolve() != job.run_dir.resolve():
-        results.remove_if_only_hydra_files(job.run_dir)  # resuming elsewhere: no stray empty run directory
+        rundir.remove_if_only_hydra_files(job.run_dir)  # resuming elsewhere: no stray empty run directory
     if skip_reason:
         print(f"skipping job: {skip_reason}", file=sys.stderr)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        results.write_json(out_dir / SUMMARY, {"status": "skipped", "reason": skip_reason})
+        with rundir.RunLock(out_dir):
+            rundir.write_json(out_dir / SUMMARY, {"status": "skipped", "reason": skip_reason})
         return None
     prompts = load_checked_prompts(cfg)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    with rundir.RunLock(out_dir):
+        return run_in(out_dir, note, cfg, job, setting, config, prompts, after_row)
 
-    done_rows, set_aside = results.recover_rows(out_dir)
+
+def run_in(out_dir: Path, note: str | None, cfg: DictConfig, job: Job, setting: Setting, config: dict, prompts: list,
+           after_row) -> dict:
+    """The run, once this process holds ``out_dir``: recover what is there, decode the prompts left, summarise."""
+    recovery = rundir.recover(out_dir, prompts, setting.settled_columns())
+    done_rows = recovery.rows
     run_id = done_rows[0]["run_id"] if done_rows else new_run_id(out_dir)
     group = done_rows[0]["group"] if done_rows else (cfg.group or job.default_group)
     config["group"] = group
-    out_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(OmegaConf.create(config), out_dir / CONFIG)
-
-    done = {row["prompt_id"] for row in done_rows}
-    todo = [p for p in prompts if str(p.id) not in done]
-    if note or done_rows or set_aside:
-        print(resume_report(note or f"continuing {out_dir}", len(done_rows), set_aside, len(todo)), file=sys.stderr)
-    setting = build_setting(cfg, job, objects, group, run_id)
+    rundir.write_config(out_dir, config)
+    todo = rundir.prompts_left(prompts, done_rows)
+    if note or done_rows or recovery.set_aside or recovery.moved:
+        print(recovery.report(note or f"continuing {out_dir}", len(todo)), file=sys.stderr)
+    setting.identity = replace(setting.identity, run_id=run_id, group=group)
     logger = instantiate(cfg.logger)
-    logger.start(run_id, group, run_name(setting.columns), config, out_dir)
+    logger.start(run_id, group, run_name(setting.identity), config, out_dir)
     failed = True
     try:
         if todo:
@@ -116,20 +144,14 @@ def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = No
             with LiveJobs(job.live_jobs_dir) as live_jobs:
                 decode_prompts(cfg, setting, todo, out_dir, done_rows, len(prompts), logger, live_jobs, after_row)
         rows = read_rows(out_dir)
-        summary = {"run_id": run_id, "group": group, "status": "complete", **identity(rows[0]),
-                   "batch_size": cfg.batch_size, **results.summarize(rows)}
-        results.write_json(out_dir / SUMMARY, summary)
-        print(results.format_table(summary, title(rows[0], len(rows), out_dir)))
+        summary = {"status": "complete", **identity(rows[0]), "batch_size": cfg.batch_size,
+                   **rundir.summarize(rows)}
+        rundir.write_json(out_dir / SUMMARY, summary)
+        print(rundir.format_table(summary, title(rows[0], len(rows), out_dir)))
         failed = False
     finally:
         logger.finish(read_rows(out_dir), summary if not failed else {"status": "failed"}, failed)
     return summary
-
-
-def resume_report(note: str, kept: int, set_aside: int, left: int) -> str:
-    """One line saying what a resumed run found."""
-    aside = f", {set_aside} unreadable line piece(s) set aside in {SET_ASIDE}" if set_aside else ""
-    return f"{note}: {kept} row(s) kept{aside}, {left} prompt(s) left"
 
 
 def resolved(cfg: DictConfig) -> dict:
@@ -155,64 +177,69 @@ def load_checked_prompts(cfg: DictConfig) -> list:
     ids = [str(p.id) for p in prompts]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
-        raise ConfigError(f"data.source={source!r}: prompt ids must be unique (resume keys on them); repeated: "
-                          f"{', '.join(duplicates[:5])}")
+        raise ConfigError(f"data.source={source!r}: prompt ids must be unique (rows and reports name prompts by "
+                          f"them); repeated: {', '.join(duplicates[:5])}")
     if not prompts:
         raise ConfigError(f"data.source={source!r}: the prompt set is empty (no prompts, or num_prompts=0)")
     return prompts
 
 
-def build_setting(cfg: DictConfig, job: Job, objects: dict, group: str, run_id: str) -> Setting:
-    """The run's setting from the objects ``validate`` built, and the identity columns of its rows."""
+def build_setting(cfg: DictConfig, job: Job, objects: dict) -> Setting:
+    """The run's setting from the objects ``validate`` built, and the identity columns of its rows (run_id and
+    group empty until the run directory is known)."""
     sampling = objects["sampling"]
     strategy, policy = objects["strategy"], objects["draft_length"]
-    columns = {
-        "run_id": run_id,
-        "group": group,
-        "pair": job.choices.get("pair"),
-        "drafter": job.choices.get("drafter"),
-        "strategy": getattr(strategy, "name", job.choices.get("strategy")),
-        "lossless": getattr(strategy, "lossless", None),  # false for lossy rules, e.g. synthetic (benchmarks only)
-        "draft_length": getattr(policy, "name", job.choices.get("draft_length")),
-        "k": policy.max_k,
-        "sampling": job.choices.get("sampling"),
-        "temperature": sampling.temperature,
-        "top_k": sampling.top_k,
-        "top_p": sampling.top_p,
-        "min_p": sampling.min_p,
-        "max_new_tokens": cfg.max_new_tokens,
-        "seed": cfg.seed,
-        "batch_size": cfg.batch_size,
-        "data": cfg.data.source,
-        "device": cfg.device,
-        "dtype": cfg.dtype,
-        "compile": cfg.compile,
-        "host": host_name(),
-    }
-    # Every other parameter of a swept group is its own column, e.g. strategy_lenience, strategy_n.
-    # A list of numbers (a tree's branching) is one column, e.g. drafter_branching = "2-2-1-1".
+    identity = RunIdentity(
+        run_id="",
+        group="",
+        pair=job.choices.get("pair"),
+        drafter=job.choices.get("drafter"),
+        strategy=getattr(strategy, "name", job.choices.get("strategy")),
+        lossless=getattr(strategy, "lossless", None),  # false for lossy rules, e.g. synthetic (benchmarks only)
+        draft_length=getattr(policy, "name", job.choices.get("draft_length")),
+        k=policy.max_k,
+        sampling=job.choices.get("sampling"),
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        min_p=sampling.min_p,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        data=cfg.data.source,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        compile=cfg.compile,
+    )
+    return Setting(strategy, policy, sampling, objects["drafter_factory"], objects["drafter"], identity,
+                   option_columns(cfg))
+
+
+def option_columns(cfg: DictConfig) -> dict:
+    """Every other parameter of a swept group as its own column, e.g. strategy_lenience, strategy_n. A list of
+    numbers (a tree's branching) is one column, e.g. drafter_branching = "2-2-1-1"."""
+    columns = {}
     for group_name in ("strategy", "draft_length", "drafter"):
         for key, value in cfg[group_name].items():
             if OmegaConf.is_list(value):
                 value = "-".join(map(str, value))
             if not key.startswith("_") and key != "k" and isinstance(value, (int, float, str, bool, type(None))):
                 columns[f"{group_name}_{key}"] = value
-    return Setting(strategy, policy, sampling, objects["drafter_factory"], objects["drafter"], columns)
+    return columns
 
 
 def identity(row: dict) -> dict:
-    """The setting every row of a run shares."""
-    keys = ("pair", "drafter", "strategy", "draft_length", "k", "sampling", "data", "device", "dtype")
-    return {key: row[key] for key in keys}
+    """The identity columns of a row: the setting every row of its run shares."""
+    return {name: row[name] for name in IDENTITY_COLUMNS if name in row}
 
 
-def run_name(columns: dict) -> str:
-    return f"{columns['pair']}/{columns['strategy']}/k{columns['k']}/{columns['sampling']}"
+def run_name(identity: RunIdentity) -> str:
+    return f"{identity.pair}/{identity.strategy}/k{identity.k}/{identity.sampling}"
 
 
-def title(columns: dict, num_rows: int, out_dir: Path) -> str:
-    return (f"{out_dir}: pair={columns['pair']} strategy={columns['strategy']} k={columns['k']} "
-            f"sampling={columns['sampling']} ({num_rows} prompts)")
+def title(row: dict, num_rows: int, out_dir: Path) -> str:
+    return (f"{out_dir}: pair={row['pair']} strategy={row['strategy']} k={row['k']} "
+            f"sampling={row['sampling']} ({num_rows} prompts)")
 
 
 def pair_drafter(setting: Setting, pair, compile: bool) -> object:
@@ -234,11 +261,13 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
     pair = instantiate(cfg.pair)
     tokenizer = pair.tokenizer
     device = pair.target.device
-    setting.columns.update(
-        pair=getattr(pair, "name", None) or setting.columns["pair"],
+    setting.identity = replace(
+        setting.identity,
+        pair=getattr(pair, "name", None) or setting.identity.pair,
         device=str(device),
         dtype=str(next(pair.target.parameters()).dtype).removeprefix("torch."),
     )
+    check_loaded_setting(out_dir, done_rows, setting.identity)
     # The baseline gets its own policy object, so an adaptive policy never learns from k = 0 steps.
     baseline = specdec.Decoder(pair.target, None, setting.strategy, copy.deepcopy(setting.draft_length),
                                setting.sampling, compile=cfg.compile)
@@ -257,10 +286,10 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
         generate(baseline, input_ids, mask)
         generate(speculative, input_ids, mask)
 
-    writer = results.RowWriter(out_dir)
+    writer = rundir.RowWriter(out_dir)
     all_rows = list(done_rows)
-    progress = tqdm(total=total, initial=len(done_rows), unit="prompt", desc=run_name(setting.columns), file=sys.stderr,
-                    dynamic_ncols=True)
+    progress = tqdm(total=total, initial=len(done_rows), unit="prompt", desc=run_name(setting.identity),
+                    file=sys.stderr, dynamic_ncols=True)
     try:
         for index, batch in enumerate(batches):
             input_ids, mask = encode(tokenizer, [p.text for p in batch], device)
@@ -272,13 +301,13 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
             else:
                 spec_out = generate_or_explain(generate, speculative, input_ids, mask, batch)
                 base_out = generate_or_explain(generate, baseline, input_ids, mask, batch)
-            columns = {**setting.columns, "concurrent_jobs": most_jobs(jobs_before, live_jobs.count())}
+            condition = Condition(host_name(), most_jobs(jobs_before, live_jobs.count()))
             for row_index, prompt in enumerate(batch):
-                row = make_row(columns, prompt, int(mask[row_index].sum()), row_index, len(batch), spec_out,
-                               base_out, tree=speculative.drafter.drafts_trees)
+                row = make_row(setting, condition, prompt, int(mask[row_index].sum()), row_index, len(batch),
+                               spec_out.stats, base_out.stats, tree=speculative.drafter.drafts_trees).to_json()
                 writer.write(row)
                 all_rows.append(row)
-                logger.log_row(results.finite_or_none_deep(row), len(all_rows) - 1)
+                logger.log_row(row, len(all_rows) - 1)
                 progress.set_postfix(running_means(all_rows), refresh=False)
                 progress.update(1)
                 if after_row is not None:
@@ -308,52 +337,25 @@ def generate_or_explain(generate, decoder, input_ids, mask, batch):
         raise ValueError(f"prompt(s) {ids}: {err}") from err
 
 
-def per_token(seconds: float, tokens: int) -> float:
-    return seconds / tokens if tokens else math.nan
+def make_row(setting: Setting, condition: Condition, prompt, prompt_tokens: int, i: int, batch_size: int,
+             spec: DecodeStats, base: DecodeStats, tree: bool = False) -> Row:
+    """The row (docs/results-schema.md) of row ``i`` of a batch of ``batch_size`` that both decoders ran."""
+    return Row(
+        identity=replace(setting.identity, batch_size=batch_size),
+        options=setting.options,
+        condition=condition,
+        prompt=PromptColumns(prompt_id=str(prompt.id), prompt_hash=prompt.hash, prompt_tokens=prompt_tokens),
+        metrics=Metrics.measure(spec, base, i, setting.identity.k, tree),
+    )
 
 
-def make_row(columns: dict, prompt, prompt_tokens: int, i: int, batch_size: int, spec, base,
-             tree: bool = False) -> dict:
-    """One flat row (docs/results-schema.md) for row ``i`` of a batch decoded by both decoders. Leviathan's
-    predicted speedup is for chains: a token tree (``tree``) gets none."""
-    s, b = spec.stats, base.stats
-    counts = s.rows[i]
-    k = columns["k"]
-    speedup = per_token(b.wall_seconds, b.emitted) / per_token(s.wall_seconds, s.emitted)
-    acceptance = counts.acceptance_rate
-    cost_ratio = s.cost_ratio
-    predicted = (specdec.predicted_speedup(acceptance, k, cost_ratio)
-                 if math.isfinite(acceptance) and math.isfinite(cost_ratio) and not tree else math.nan)
-    return {
-        **columns,
-        "batch_size": batch_size,
-        "prompt_id": str(prompt.id),
-        "prompt_tokens": prompt_tokens,
-        "emitted": counts.emitted,
-        "drafted": counts.drafted,
-        "accepted": counts.accepted,
-        "target_calls": counts.target_calls,
-        "draft_calls": s.draft_forwards,
-        "acceptance_rate": acceptance,
-        "mean_accepted_length": counts.mean_accepted_length,
-        "per_position_acceptance": counts.per_position,
-        "expected_acceptance": s.expected_acceptance,
-        "draft_seconds": s.draft_seconds,
-        "target_seconds": s.target_seconds,
-        "other_seconds": s.other_seconds,
-        "spec_seconds": s.wall_seconds,
-        "baseline_seconds": b.wall_seconds,
-        "baseline_emitted": b.rows[i].emitted,
-        "spec_tokens_per_s": s.tokens_per_second,
-        "baseline_tokens_per_s": b.tokens_per_second,
-        "speedup": speedup,
-        "cost_ratio": cost_ratio,
-        "predicted_speedup": predicted,
-        "ttft_seconds": s.ttft_seconds,
-        "itl_seconds": s.itl_seconds,
-        "baseline_ttft_seconds": b.ttft_seconds,
-        "baseline_itl_seconds": b.itl_seconds,
-    }
+def check_loaded_setting(out_dir: Path, done_rows: list[dict], identity: RunIdentity) -> None:
+    """Rows kept from before must name the pair, device and dtype this run loaded (``device=auto`` can resolve to
+    another device on another machine): checked before any prompt is decoded."""
+    difference = rundir.identity_difference(done_rows, {name: getattr(identity, name) for name in LOADED_COLUMNS})
+    if difference:
+        raise ConfigError(f"run directory {out_dir} holds rows decoded with another pair, device or dtype "
+                          f"({difference}); one run directory holds one setting: use a new hydra.run.dir")
 
 
 def running_means(rows: list[dict]) -> dict:

@@ -1,15 +1,32 @@
-"""Prompt sets: shipped ones by name, or local .jsonl / .txt files."""
+"""Prompt sets: shipped ones by name, or local .jsonl / .txt files.
+
+A prompt's identity is its ``hash``: a short hex digest of its text and its source's name. Results are keyed by
+it (the ``prompt_hash`` column), so editing a prompt file (a line inserted, a text changed) can never pair a row
+with another prompt's text. ``id`` is the name the set gives a prompt, or its hash where the set gives none.
+"""
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
+HASH_DIGITS = 12  # 48 bits: no two of a million prompts share one with probability > 0.998
+
+
+def content_hash(source: str, text: str) -> str:
+    """The identity of ``text`` read from ``source`` (a set's name or a file's name): short lowercase hex."""
+    return hashlib.sha256(f"{source}\0{text}".encode("utf-8")).hexdigest()[:HASH_DIGITS]
 
 
 @dataclass(frozen=True)
 class Prompt:
-    id: str
+    id: str  # the set's name for it, or its hash where the set gives none
     text: str
+    source: str = ""  # the set's name, or the prompt file's name (not its directory: moving a file keeps ids)
+
+    @property
+    def hash(self) -> str:
+        return content_hash(self.source, self.text)
 
 
 def shipped_sets() -> list[str]:
@@ -18,11 +35,15 @@ def shipped_sets() -> list[str]:
 
 
 def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
-    """Load a shipped set by name, or a local .jsonl (objects with `text`, optional `id`) or .txt (one per line)."""
+    """Load a shipped set by name, or a local .jsonl (objects with `text`, optional `id`) or .txt (one per line).
+    Every text of a set must be distinct: a prompt is known by its text."""
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be None or >= 0, got {limit}")
     path = resolve_source(source)
-    prompts = read_jsonl(path) if path.suffix == ".jsonl" else read_txt(path)
+    name = source if source in shipped_sets() else path.name
+    numbered = read_jsonl(path, name) if path.suffix == ".jsonl" else read_txt(path, name)
+    check_distinct(path, numbered)
+    prompts = [prompt for _, prompt in numbered]
     return prompts if limit is None else prompts[:limit]
 
 
@@ -39,10 +60,17 @@ def resolve_source(source: str) -> Path:
     return path
 
 
-def read_jsonl(path: Path) -> list[Prompt]:
-    """One JSON object per non-empty line; ids default to `<file stem>-<line index>`."""
-    prompts = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+def read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+
+
+def read_jsonl(path: Path, source: str) -> list[tuple[int, Prompt]]:
+    """(line number, prompt) for each JSON object of a non-empty line; an absent id becomes the prompt's hash."""
+    numbered = []
+    for lineno, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
         try:
@@ -53,11 +81,29 @@ def read_jsonl(path: Path) -> list[Prompt]:
             raise ValueError(f"{path}:{lineno}: expected an object with a string 'text' field")
         if not record["text"].strip():
             raise ValueError(f"{path}:{lineno}: empty 'text': a prompt needs at least one token")
-        prompts.append(Prompt(id=str(record.get("id", f"{path.stem}-{len(prompts):03d}")), text=record["text"]))
-    return prompts
+        given = record.get("id")
+        if "id" in record and (isinstance(given, bool) or not isinstance(given, (str, int)) or given == ""):
+            raise ValueError(f"{path}:{lineno}: 'id' must be a non-empty string or an integer, got {given!r}")
+        text = record["text"]
+        numbered.append((lineno, Prompt(str(given) if "id" in record else content_hash(source, text), text, source)))
+    return numbered
 
 
-def read_txt(path: Path) -> list[Prompt]:
-    """One prompt per non-empty line, surrounding whitespace stripped."""
-    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    return [Prompt(id=f"{path.stem}-{i:03d}", text=line) for i, line in enumerate(filter(None, lines))]
+def read_txt(path: Path, source: str) -> list[tuple[int, Prompt]]:
+    """(line number, prompt) for each non-empty line, surrounding whitespace stripped; its id is its hash."""
+    numbered = []
+    for lineno, line in enumerate(read_lines(path), start=1):
+        text = line.strip()
+        if text:
+            numbered.append((lineno, Prompt(content_hash(source, text), text, source)))
+    return numbered
+
+
+def check_distinct(path: Path, numbered: list[tuple[int, Prompt]]) -> None:
+    """Two prompts with one text would share one identity: refuse the set, naming both lines."""
+    first_line: dict[str, int] = {}
+    for lineno, prompt in numbered:
+        earlier = first_line.setdefault(prompt.text, lineno)
+        if earlier != lineno:
+            raise ValueError(f"{path}:{lineno}: the same text as line {earlier}; every prompt of a set must be "
+                             "distinct (results are keyed by the text)")

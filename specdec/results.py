@@ -1,42 +1,210 @@
-"""The results schema: the files of a run directory, the metric columns of a row, and how rows are read back.
+"""The results schema: the files of a run directory, the typed record of a row, and one reader for each file.
 
-``experiments/`` writes run directories and ``analysis/`` reads them; both take the schema from here, so the two
-sides cannot drift apart. Plain Python and json only (scipy is imported inside ``confidence_interval``), so
-writing results pulls in neither pandas nor the analysis code. What each column means, and the identity columns,
-are in docs/results-schema.md.
+``experiments/`` writes run directories and ``analysis/`` reads them; both take the record and the readers from
+here, so the two sides cannot drift apart. Plain Python and json (yaml and scipy are imported inside the functions
+that need them), so writing results pulls in neither pandas nor the analysis code.
 
-A run directory holds
+A row is a ``Row``: the run's ``RunIdentity``, its options' own parameters, the ``Condition`` it was measured in,
+its ``PromptColumns`` and its ``Metrics``, which ``Metrics.measure`` builds from the two decoders' ``DecodeStats``.
+The column lists below are read off these records, and the tables of docs/results-schema.md are
+``schema_tables()``. A run directory holds (docs/run-directories.md says what each guarantees)
 
-    config.yaml             the resolved config, written before the first prompt
-    rows.jsonl              one JSON object per prompt, appended and flushed as each prompt finishes
+    config.yaml             the resolved config, written atomically before the first prompt
+    rows.jsonl              one JSON object per prompt, appended and fsynced as each prompt finishes
     summary.json            written at the end; its absence marks a partial (killed) run
-    rows.set-aside.jsonl    pieces of rows.jsonl that did not parse, moved aside on resume (rarely present)
+    run.lock                held by the one process writing the directory; removed when it ends
+    rows.set-aside.jsonl    what resume moved out of rows.jsonl: unreadable pieces, duplicate and stale rows
     failure.json            a sweep job that ended with an error: its exit code and the one-line error
+    <file>.damaged          a file resume could not read, moved aside whole (config.yaml.damaged, ...)
+
+Every reader survives damage: it returns what it could read and says in one line what it could not (``Read``), or
+lists the pieces it left out (``RowsRead``). None raises on what it finds in a file.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import numbers
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import NamedTuple
+
+from specdec.stats import DecodeStats, RowStats, predicted_speedup, ratio
 
 CONFIG, ROWS, SUMMARY, SET_ASIDE = "config.yaml", "rows.jsonl", "summary.json", "rows.set-aside.jsonl"
-FAILURE = "failure.json"
+FAILURE, LOCK = "failure.json", "run.lock"
+DAMAGED_SUFFIX = ".damaged"
 
-# The per-prompt measurements of a row, in the order a row holds them; every other column of a row describes the
-# run's setting or the prompt.
-METRIC_COLUMNS = (
-    "emitted", "drafted", "accepted", "target_calls", "draft_calls",
-    "acceptance_rate", "mean_accepted_length", "per_position_acceptance", "expected_acceptance",
-    "draft_seconds", "target_seconds", "other_seconds", "spec_seconds", "baseline_seconds", "baseline_emitted",
-    "spec_tokens_per_s", "baseline_tokens_per_s", "speedup", "cost_ratio", "predicted_speedup",
-    "ttft_seconds", "itl_seconds", "baseline_ttft_seconds", "baseline_itl_seconds",
-)
-PROMPT_COLUMNS = ("prompt_id", "prompt_tokens")
-# Where and beside what a row was measured: neither a setting to compare nor a metric, but what its timings depend on.
-CONDITION_COLUMNS = ("host", "concurrent_jobs")
+
+def column(meaning: str):
+    """A field of a row record: one column, with the meaning docs/results-schema.md gives it."""
+    return field(metadata={"meaning": meaning})
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """The setting every row of one run shares (``batch_size`` aside: the rows of a row's own batch)."""
+
+    run_id: str = column("unique per run")
+    group: str = column("shared by all runs of one sweep (W&B group)")
+    pair: str = column("model pair preset, e.g. `embedded`, `gpt2-xl`")
+    drafter: str = column("`model`, `ngram`, `early_exit`, `tree`")
+    strategy: str = column("`greedy`, `speculative`, `typical`, `topk`, `synthetic`")
+    lossless: bool | None = column(
+        "whether the strategy's output follows the target distribution exactly (false for `typical`, `topk`, "
+        "`synthetic`, and `speculative` with lenience < 1)")
+    draft_length: str = column("draft-length policy: `fixed`, `heuristic`, `confidence`, `cost_optimal`")
+    k: int = column("draft length (max draft length for adaptive policies)")
+    sampling: str = column("sampling preset name, e.g. `greedy`, `t1`")
+    temperature: float = column("sampling temperature (0: argmax)")
+    top_k: int | None = column("top-k filter, null for none")
+    top_p: float | None = column("top-p filter, null for none")
+    min_p: float | None = column("min-p filter, null for none")
+    max_new_tokens: int = column("tokens generated per prompt at most")
+    seed: int = column("sampling seed, the same for both decoders")
+    batch_size: int = column("rows decoded in one batch with this one, itself included (they share its timings)")
+    data: str = column("prompt set (`data.source`)")
+    device: str = column("device the pair ran on, e.g. `cpu`, `cuda:0`")
+    dtype: str = column("parameter dtype, e.g. `float32`")
+    compile: bool = column("`compile=true`: compiled forwards over static caches (CUDA graphs on CUDA); false: eager")
+
+
+@dataclass(frozen=True)
+class Condition:
+    """Where and beside what a row was measured: neither a setting to compare nor a metric, but what its timings
+    depend on."""
+
+    host: str = column("the machine (host name) that decoded the row")
+    concurrent_jobs: int | None = column(
+        "jobs of the row's sweep running on its machine while it was decoded, itself included (the larger count, "
+        "before or after its batch); 1 for a single run. Above 1, its timings were shared with other jobs. Null "
+        "where the file system gave no locks to count with")
+
+
+@dataclass(frozen=True)
+class PromptColumns:
+    """Which prompt a row decoded."""
+
+    prompt_id: str = column("the prompt set's id for it, or its `prompt_hash` where the set gives none")
+    prompt_hash: str = column(
+        "the prompt's identity: 12 hex digits of SHA-256 over its source's name and its text. Resume and analysis "
+        "key rows by it, so an edited prompt file never pairs a row with another text")
+    prompt_tokens: int = column("prompt length in tokens")
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """The per-prompt measurements ("spec" = the speculative run, "baseline" = the autoregressive run of the same
+    loop on the same prompt). Counts are the row's own; timings and what derives from them describe its batch."""
+
+    emitted: int = column("E: tokens the speculative run emitted")
+    drafted: int = column("D: draft tokens proposed (a tree's nodes)")
+    accepted: int = column("A: draft tokens accepted")
+    target_calls: int = column(
+        "N: target calls that emitted tokens: the prefill's forward, which also verifies the first draft, and the "
+        "verification passes after it")
+    draft_calls: int = column("draft forward passes in decode steps (batch)")
+    acceptance_rate: float = column("A / D; null when nothing was drafted")
+    mean_accepted_length: float = column("tau = E / N, tokens per target call (plain decoding has tau = 1)")
+    per_position_acceptance: list[float | None] = column(
+        "length k: a_i = P(draft token i accepted given 1..i-1 accepted), per depth for a tree; null where never "
+        "reached")
+    expected_acceptance: float | None = column(
+        "mean over verified positions of sum_x min(p_draft(x), p_target(x)), with p_draft the point mass at the "
+        "draft where the drafter gives no distributions (n-gram); null when nothing was verified (batch)")
+    draft_seconds: float = column("wall time of the speculative run spent drafting, draft prefill included (batch)")
+    target_seconds: float = column("... spent in target forwards, prefill included (batch)")
+    other_seconds: float = column("... spent elsewhere (batch)")
+    spec_seconds: float = column("wall time of the speculative run (batch)")
+    baseline_seconds: float = column("wall time of the baseline run (batch)")
+    baseline_emitted: int = column("tokens the baseline run emitted")
+    spec_tokens_per_s: float = column("emitted / spec_seconds (batch)")
+    baseline_tokens_per_s: float = column("baseline emitted / baseline_seconds (batch)")
+    speedup: float = column("baseline seconds per token / spec seconds per token (batch)")
+    cost_ratio: float = column(
+        "c = mean draft forward time / mean target forward time over the decode steps (prefills excluded), this "
+        "run (batch)")
+    predicted_speedup: float = column(
+        "Leviathan et al. (2023) eq. 1: (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)) with alpha = acceptance_rate; "
+        "null for a tree (the formula is for chains)")
+    ttft_seconds: float = column(
+        "time to the first step's tokens (the prefill's call, which may emit k + 1), speculative run (batch)")
+    itl_seconds: float = column("mean time per token after the first step, speculative run (batch)")
+    baseline_ttft_seconds: float = column("ttft_seconds of the baseline run (batch)")
+    baseline_itl_seconds: float = column("itl_seconds of the baseline run (batch)")
+
+    @classmethod
+    def measure(cls, spec: DecodeStats, base: DecodeStats, row: int, k: int, tree: bool) -> Metrics:
+        """Row ``row`` of a batch that both decoders ran: its own counts, the batch's timings (specdec.stats's
+        definitions). Leviathan's predicted speedup is for chains, so a token tree (``tree``) gets none."""
+        counts = spec.rows[row]
+        acceptance, cost_ratio = counts.acceptance_rate, spec.cost_ratio
+        chain_prediction = not tree and math.isfinite(acceptance) and math.isfinite(cost_ratio)
+        return cls(
+            emitted=counts.emitted,
+            drafted=counts.drafted,
+            accepted=counts.accepted,
+            target_calls=counts.target_calls,
+            draft_calls=spec.draft_forwards,
+            acceptance_rate=acceptance,
+            mean_accepted_length=counts.mean_accepted_length,
+            per_position_acceptance=counts.per_position,
+            expected_acceptance=spec.expected_acceptance,
+            draft_seconds=spec.draft_seconds,
+            target_seconds=spec.target_seconds,
+            other_seconds=spec.other_seconds,
+            spec_seconds=spec.wall_seconds,
+            baseline_seconds=base.wall_seconds,
+            baseline_emitted=base.rows[row].emitted,
+            spec_tokens_per_s=spec.tokens_per_second,
+            baseline_tokens_per_s=base.tokens_per_second,
+            speedup=ratio(ratio(base.wall_seconds, base.emitted), ratio(spec.wall_seconds, spec.emitted)),
+            cost_ratio=cost_ratio,
+            predicted_speedup=predicted_speedup(acceptance, k, cost_ratio) if chain_prediction else math.nan,
+            ttft_seconds=spec.ttft_seconds,
+            itl_seconds=spec.itl_seconds,
+            baseline_ttft_seconds=base.ttft_seconds,
+            baseline_itl_seconds=base.itl_seconds,
+        )
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of rows.jsonl: one prompt of one run. ``options`` holds every other parameter of the swept groups
+    as ``<group>_<key>`` (``strategy_lenience``, ``drafter_branching`` = "2-2-1-1")."""
+
+    identity: RunIdentity
+    options: dict
+    condition: Condition
+    prompt: PromptColumns
+    metrics: Metrics
+
+    def to_json(self) -> dict:
+        """The flat object rows.jsonl holds, in column order; undefined metrics (NaN) as null."""
+        parts = (asdict(self.identity), self.options, asdict(self.condition), asdict(self.prompt),
+                 asdict(self.metrics))
+        return json_ready({key: value for part in parts for key, value in part.items()})
+
+
+# The records whose fields are a row's columns, in row order (a row's options sit between the first two).
+SCHEMA_RECORDS = (RunIdentity, Condition, PromptColumns, Metrics)
+
+
+def names(record) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(record))
+
+
+IDENTITY_COLUMNS = names(RunIdentity)
+CONDITION_COLUMNS = names(Condition)
+PROMPT_COLUMNS = names(PromptColumns)
+METRIC_COLUMNS = names(Metrics)
 # Metrics whose value is a list (one per draft position); a W&B table holds them as JSON text.
-LIST_COLUMNS = ("per_position_acceptance",)
+LIST_COLUMNS = tuple(f.name for f in fields(Metrics) if str(f.type).startswith("list"))
+# What makes a JSON object a row: which run, which prompt.
+ROW_KEY = ("run_id", "prompt_id")
+# Counts a row shares with specdec.stats.RowStats: the pooled summary sums them into one.
+COUNT_COLUMNS = tuple(name for name in names(RowStats) if name in METRIC_COLUMNS)
 # Metrics summarised per run as the mean over prompts with a 95% Student t interval (summary.json, analysis/).
 INTERVAL_METRICS = (
     "speedup", "acceptance_rate", "mean_accepted_length", "spec_tokens_per_s", "baseline_tokens_per_s",
@@ -52,6 +220,52 @@ METRIC_RANGES = {
 MIN_PROMPTS_FOR_INTERVAL = 3  # with 2, t_{0.975, 1} = 12.7: an "interval" that says nothing
 
 
+def annotation_types(annotation: str, nullable: bool) -> tuple[type, ...]:
+    """The JSON-level Python types a field annotated ``annotation`` may hold ("float | None" -> float, int,
+    NoneType); ``nullable``: null is allowed whatever the annotation (a metric that is undefined)."""
+    parts = ["list"] if annotation.startswith("list") else [part.strip() for part in annotation.split("|")]
+    known = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "None": (type(None),),
+             "list": (list,)}
+    return tuple({kind for part in parts for kind in known[part]} | ({type(None)} if nullable else set()))
+
+
+# Column -> (its annotation, the types its values may have). Metrics are null where undefined (NaN).
+COLUMN_TYPES = {f.name: (f.type, annotation_types(f.type, nullable=record is Metrics))
+                for record in SCHEMA_RECORDS for f in fields(record)}
+
+
+def type_problem(row: dict) -> str | None:
+    """The first schema column of ``row`` whose value has a type the record does not allow, in one line; None if
+    every one fits. A bool is no number here."""
+    for name, value in row.items():
+        annotation, kinds = COLUMN_TYPES.get(name, ("", ()))
+        if kinds and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+            return f"column {name} holds {value!r} ({type(value).__name__}) where the schema has {annotation}"
+    return None
+
+
+def json_ready(value):
+    """``value`` with every non-finite float, at any depth, as None: JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_ready(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(item) for item in value]
+    return value
+
+
+def pooled(rows: list[dict]) -> dict:
+    """The rows' counts summed into one ``RowStats``, with its acceptance rate and mean accepted length (the
+    definitions of specdec.stats), and the tokens both runs emitted: a cross-check of the per-prompt means."""
+    def total(name: str) -> int:
+        return int(math.fsum(finite_values(row.get(name) for row in rows)))
+
+    totals = RowStats(**{name: total(name) for name in COUNT_COLUMNS}, position_attempts=[], position_accepts=[])
+    return {"acceptance_rate": totals.acceptance_rate, "mean_accepted_length": totals.mean_accepted_length,
+            "emitted": totals.emitted, "baseline_emitted": total("baseline_emitted")}
+
+
 def confidence_interval(values, level: float = 0.95, metric: str | None = None) -> tuple[float, float, float]:
     """(mean, low, high): mean ± t_{(1+level)/2, n-1} · s / sqrt(n) over the finite values (None and NaN are
     skipped), clipped to the metric's range (``METRIC_RANGES``); NaN bounds with fewer than
@@ -60,27 +274,210 @@ def confidence_interval(values, level: float = 0.95, metric: str | None = None) 
     n = len(x)
     if n == 0:
         return math.nan, math.nan, math.nan
-    mean = math.fsum(x) / n
+    mean = math.fsum(v / n for v in x)  # each term divided first: values near float's maximum sum without overflow
     if n < MIN_PROMPTS_FOR_INTERVAL:
         return mean, math.nan, math.nan
     from scipy.stats import t  # here, so that importing the schema costs nothing
 
-    deviation = math.sqrt(math.fsum((v - mean) ** 2 for v in x) / (n - 1))
+    deviation = math.sqrt(math.fsum((v - mean) * (v - mean) for v in x) / (n - 1))  # inf past float's range
     half = float(t.ppf((1 + level) / 2, n - 1)) * deviation / math.sqrt(n)
     lowest, highest = METRIC_RANGES.get(metric, (-math.inf, math.inf))
     return mean, max(mean - half, lowest), min(mean + half, highest)
 
 
 def finite_values(values) -> list[float]:
-    """The values that are finite numbers, as floats (JSON writes an undefined metric as null)."""
-    numbers = (float(v) for v in values if v is not None)
-    return [v for v in numbers if math.isfinite(v)]
+    """The values that are finite numbers, as floats (JSON writes an undefined metric as null; a damaged row may
+    hold anything)."""
+    floats = (float(v) for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool))
+    return [v for v in floats if math.isfinite(v)]
+
+
+# Reading ------------------------------------------------------------------------------------------------------------
+
+class Read(NamedTuple):
+    """What a reader found: the value (None when the file is absent or unreadable) and, when it could not read
+    the file, one line saying why (None otherwise)."""
+
+    value: object
+    problem: str | None
+
+
+def read_bytes(path: Path) -> Read:
+    """The bytes of a file; an absent file is Read(None, None), one that cannot be read says why."""
+    try:
+        return Read(Path(path).read_bytes(), None)
+    except FileNotFoundError:
+        return Read(None, None)
+    except IsADirectoryError:
+        return Read(None, f"{path} is a directory, not a file")
+    except OSError as err:
+        return Read(None, f"{path} cannot be read ({err.strerror or err})")
+
+
+def read_config(run_dir: Path) -> Read:
+    """config.yaml as a mapping. Empty (cut short by a kill in an older version, which wrote it in place),
+    binary, not YAML, or not a mapping: a problem."""
+    import yaml
+
+    path = Path(run_dir) / CONFIG
+    data, problem = read_bytes(path)
+    if data is None:
+        return Read(None, problem)
+    if not data.strip():
+        return Read(None, f"{path} is empty (cut short while it was written)")
+    try:
+        value = yaml.safe_load(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        return Read(None, f"{path} is not UTF-8 text (binary or damaged)")
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as err:
+        return Read(None, f"{path} is not valid YAML ({first_line(err)}): cut short or damaged")
+    if not isinstance(value, dict):
+        return Read(None, f"{path} holds a {type(value).__name__}, not a mapping of settings")
+    return Read(value, None)
+
+
+def read_json_object(path: Path) -> Read:
+    """A JSON object file (summary.json, failure.json, run.lock); anything else says what it is."""
+    data, problem = read_bytes(path)
+    if data is None:
+        return Read(None, problem)
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        return Read(None, f"{path} is not UTF-8 text (binary or damaged)")
+    except (ValueError, RecursionError) as err:
+        return Read(None, f"{path} is not valid JSON ({first_line(err)}): cut short or damaged")
+    if not isinstance(value, dict):
+        return Read(None, f"{path} holds a {type(value).__name__}, not a JSON object")
+    return Read(value, None)
+
+
+def read_summary(run_dir: Path) -> Read:
+    return read_json_object(Path(run_dir) / SUMMARY)
+
+
+def read_failure(run_dir: Path) -> Read:
+    """failure.json: an object with a string ``error`` and an integer ``exit_code``."""
+    path = Path(run_dir) / FAILURE
+    failure, problem = read_json_object(path)
+    if failure is None:
+        return Read(None, problem)
+    code = failure.get("exit_code")
+    if not isinstance(failure.get("error"), str) or isinstance(code, bool) or not isinstance(code, int):
+        return Read(None, f"{path} lacks a string 'error' and an integer 'exit_code'")
+    return Read(failure, None)
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+# Why a piece of rows.jsonl is not kept as a row, as the one-line reports count them ("2 duplicate row(s)").
+UNREADABLE = "unreadable line piece(s)"  # not UTF-8, or not a JSON object
+NOT_A_ROW = "object(s) without run_id or prompt_id"
+OTHER_RUN = "row(s) of another run"
+DUPLICATE = "duplicate row(s)"
+STALE = "row(s) of prompts no longer in the prompt set"  # resume's judgement: only it knows the prompt set
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A piece of rows.jsonl that is not a row to keep: where it was, its bytes, and why (one of the labels
+    above)."""
+
+    line: int
+    raw: bytes
+    reason: str
+
+
+@dataclass(frozen=True)
+class RowsRead:
+    """rows.jsonl as read: the rows to keep, in file order, and the pieces left out. ``problem``: the file itself
+    could not be read (a directory, no permission), so there are no rows."""
+
+    rows: list[dict]
+    set_aside: list[Piece]
+    problem: str | None = None
+    last_line: int = 0  # the number of the file's last line that is not blank
+
+
+def read_rows_file(run_dir: Path) -> RowsRead:
+    """The rows of a run directory, one per prompt, as resume and analysis/ both read them.
+
+    Every JSON object that parses is a candidate, also two rows merged on one line (a row that lost its newline).
+    Kept: objects with a string ``run_id`` and a ``prompt_id`` (an integer one, as a hand edit leaves it, becomes
+    its string), of the run of the first such row, once per prompt (``prompt_key``), the first written. Everything
+    else is a ``Piece``: lines that are not UTF-8, pieces that are not JSON objects, objects that are not rows,
+    rows of another run, and duplicates. No rows.jsonl: no rows.
+    """
+    path = Path(run_dir) / ROWS
+    data, problem = read_bytes(path)
+    if data is None:
+        return RowsRead([], [], problem)
+    candidates, pieces = parse_rows(data)
+    last_line = max((number for number, line in enumerate(data.split(b"\n"), 1) if line.strip()), default=0)
+    rows, seen, run_id = [], set(), None
+    for line, row in candidates:
+        if not is_row(row):
+            pieces.append(Piece(line, dump(row), NOT_A_ROW))
+            continue
+        row = {**row, "prompt_id": str(row["prompt_id"])}
+        run_id = run_id or row["run_id"]
+        if row["run_id"] != run_id:
+            pieces.append(Piece(line, dump(row), OTHER_RUN))
+        elif prompt_key(row) in seen:
+            pieces.append(Piece(line, dump(row), DUPLICATE))
+        else:
+            seen.add(prompt_key(row))
+            rows.append(row)
+    return RowsRead(rows, sorted(pieces, key=lambda piece: piece.line), last_line=last_line)
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    """The rows ``read_rows_file`` keeps (none if there is no rows.jsonl yet)."""
+    return read_rows_file(run_dir).rows
+
+
+def is_row(value: object) -> bool:
+    if not isinstance(value, dict):
+        return False
+    run_id, prompt_id = value.get("run_id"), value.get("prompt_id")
+    return (isinstance(run_id, str) and bool(run_id) and not isinstance(prompt_id, bool)
+            and isinstance(prompt_id, (str, int)) and str(prompt_id) != "")
+
+
+def prompt_key(row: dict) -> tuple[str, str]:
+    """Which prompt a row decoded: its ``prompt_hash``, or its ``prompt_id`` for a row written before rows carried
+    one."""
+    digest = row.get("prompt_hash")
+    return ("hash", digest) if isinstance(digest, str) and digest else ("id", str(row["prompt_id"]))
+
+
+def dump(row: object) -> bytes:
+    return json.dumps(row).encode("utf-8")
+
+
+def parse_rows(data: bytes) -> tuple[list[tuple[int, object]], list[Piece]]:
+    """Every JSON value in rows.jsonl bytes with its line number (two merged on one line included), and each piece
+    that is not one (a line that is not UTF-8 is one piece)."""
+    values, pieces = [], []
+    for number, line in enumerate(data.split(b"\n"), 1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            pieces.append(Piece(number, line, UNREADABLE))
+            continue
+        line_values, unparsed = parse_line(text)
+        values += [(number, value) for value in line_values]
+        pieces += [Piece(number, piece.encode("utf-8"), UNREADABLE) for piece in unparsed]
+    return values, pieces
 
 
 def parse_line(line: str) -> tuple[list[dict], list[str]]:
-    """The rows on one line of rows.jsonl, and the pieces of it that do not parse. A line can hold more than one
-    row: a row that lost its newline had the next one appended to it. After a piece that does not parse, parsing
-    resumes at the next "{", so a torn row never takes an intact one with it."""
+    """The JSON objects on one line of rows.jsonl, and the pieces of it that are not one. A line can hold more than
+    one row: a row that lost its newline had the next one appended to it. After a piece that does not parse,
+    parsing resumes at the next "{", so a torn row never takes an intact one with it."""
     decoder, rows, unparsed, text = json.JSONDecoder(), [], [], line.strip()
     position = 0
     while position < len(text):
@@ -88,7 +485,7 @@ def parse_line(line: str) -> tuple[list[dict], list[str]]:
             row, end = decoder.raw_decode(text, position)
             if not isinstance(row, dict):
                 raise ValueError("a row is a JSON object")
-        except ValueError:
+        except (ValueError, RecursionError):
             following = text.find("{", position + 1)
             end = following if following != -1 else len(text)
             unparsed.append(text[position:end].strip())
@@ -99,22 +496,25 @@ def parse_line(line: str) -> tuple[list[dict], list[str]]:
     return rows, unparsed
 
 
-def parse_rows(text: str) -> tuple[list[dict], list[tuple[int, str]]]:
-    """Every row in rows.jsonl text (two rows merged on one line included), and each piece of a line that does
-    not parse as (line number, piece). What to do with those pieces is the reader's choice: resume sets them
-    aside, analysis/ drops the torn last line of a killed run and refuses any other."""
-    rows, unparsed = [], []
-    for number, line in enumerate(text.splitlines(), 1):
-        line_rows, line_unparsed = parse_line(line)
-        rows += line_rows
-        unparsed += [(number, piece) for piece in line_unparsed]
-    return rows, unparsed
+def describe_pieces(pieces: list[Piece]) -> str:
+    """'2 unreadable line piece(s), 1 duplicate row(s)': the pieces counted by reason, in a fixed order."""
+    order = (UNREADABLE, NOT_A_ROW, OTHER_RUN, DUPLICATE, STALE)
+    counts = {reason: sum(piece.reason == reason for piece in pieces) for reason in order}
+    return ", ".join(f"{count} {reason}" for reason, count in counts.items() if count)
 
 
-def read_rows(run_dir: Path) -> list[dict]:
-    """The rows of a run directory that parse (none if it has no rows.jsonl yet)."""
-    path = Path(run_dir) / ROWS
-    return parse_rows(path.read_text(encoding="utf-8"))[0] if path.exists() else []
+# Documentation and tables -------------------------------------------------------------------------------------------
+
+def schema_tables() -> str:
+    """The column tables of docs/results-schema.md, one per record: column, Python type (None and NaN are JSON
+    null), meaning."""
+    sections = []
+    for record in SCHEMA_RECORDS:
+        body = [[f.name, f.type, f.metadata["meaning"]] for f in fields(record)]
+        title = " ".join(record.__doc__.split())
+        sections.append(f"### `{record.__name__}`\n\n{title}\n\n"
+                        + markdown_table(["column", "type", "meaning"], body))
+    return "\n\n".join(sections) + "\n"
 
 
 def markdown_table(header: list, rows: list[list]) -> str:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from analysis import (
+    DamagedRunWarning,
     PartialRunWarning,
     ResultsError,
     confidence_interval,
@@ -27,6 +28,7 @@ from analysis import (
 from analysis.report import main, pivot_axes
 from analysis.summarize import varying_axes
 from experiments.loggers import table_cell
+from specdec.results import METRIC_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -236,8 +238,8 @@ def test_varying_axes_leave_out_relabellings():
     assert varying_axes(summary[summary["strategy"] == "a"], exclude=("k",)) == ["sampling"]
 
 
-@pytest.mark.parametrize("case", ["no_runs", "empty_rows", "missing_metric", "type_conflict", "bad_json",
-                                  "duplicate_run_id", "missing_path"])
+@pytest.mark.parametrize("case", ["no_runs", "empty_rows", "missing_metric", "type_conflict", "duplicate_run_id",
+                                  "missing_path", "rows_is_a_directory"])
 def test_bad_input_errors_name_the_path(tmp_path, case):
     bad = tmp_path / "bad"
     if case == "no_runs":
@@ -252,10 +254,8 @@ def test_bad_input_errors_name_the_path(tmp_path, case):
     elif case == "type_conflict":
         write_run(tmp_path / "good", [make_row("a", "p0")])
         write_run(bad, [make_row("b", "p0") | {"k": "4"}])
-    elif case == "bad_json":
-        write_run(bad, [make_row("a", "p0")])
-        with open(bad / "rows.jsonl", "a") as rows:
-            rows.write('{"run_id": "a", \n' + json.dumps(make_row("a", "p2")) + "\n")
+    elif case == "rows_is_a_directory":
+        (bad / "rows.jsonl").mkdir(parents=True)
     elif case == "duplicate_run_id":
         write_run(tmp_path / "good", [make_row("a", "p0")])
         write_run(bad, [make_row("a", "p0")])
@@ -280,6 +280,112 @@ def test_two_rows_merged_on_one_line_are_both_loaded_as_resume_keeps_them(tmp_pa
     rows_file = run / "rows.jsonl"
     rows_file.write_text(rows_file.read_text().replace("}\n", "}", 1))  # the first row lost its newline
     assert load_runs(run)["prompt_id"].tolist() == ["p0", "p1", "p2"]
+
+
+def test_damaged_rows_are_left_out_in_one_warning_and_each_prompt_counts_once(tmp_path):
+    """What resume sets aside, analysis leaves out, with the same reader: a line that is not UTF-8, a torn piece,
+    `{}`, a row of another run, a repeated prompt (the first written counts); a numeric prompt_id is its string."""
+    run = write_run(tmp_path / "run", [make_row("a", f"p{i}", speedup=1.0 + i) for i in range(3)])
+    with open(run / "rows.jsonl", "ab") as rows:
+        rows.write(b"\xff\xfe\x00\x89PNG\n" + b'{"run_id": "a", \n' + b"{}\n"
+                   + "".join(json.dumps(row) + "\n" for row in (make_row("b", "p5"), make_row("a", "p1", speedup=9.0),
+                                                                make_row("a", 7, speedup=4.0))).encode())
+    with pytest.warns(DamagedRunWarning) as caught:
+        frame = load_runs(run)
+    assert frame["prompt_id"].tolist() == ["p0", "p1", "p2", "7"] and frame["speedup"].tolist() == [1, 2, 3, 4]
+    [message] = [str(warning.message) for warning in caught if warning.category is DamagedRunWarning]
+    assert message == (f"{run.resolve() / 'rows.jsonl'}: left out 2 unreadable line piece(s), 1 object(s) without "
+                       "run_id or prompt_id, 1 row(s) of another run, 1 duplicate row(s) (line(s) 4, 5, 6, 7, 8); "
+                       "each prompt counts once")
+    assert summarize_runs(frame)["n_prompts"].tolist() == [4]
+
+
+def corrupt(name: str, content: bytes):
+    def damage(job: Path) -> None:
+        (job / name).write_bytes(content)
+    return damage
+
+
+def append_line(content: bytes):
+    def damage(job: Path) -> None:
+        with open(job / "rows.jsonl", "ab") as rows:
+            rows.write(content + b"\n")
+    return damage
+
+
+def rows_directory(job: Path) -> None:
+    (job / "rows.jsonl").unlink()
+    (job / "rows.jsonl").mkdir()
+
+
+def duplicate_row(job: Path) -> None:
+    with open(job / "rows.jsonl", "a") as rows:
+        rows.write((job / "rows.jsonl").read_text().splitlines()[0] + "\n")
+
+
+REPORT_DAMAGE = [
+    ("non-UTF-8 line", append_line(b"\xff\xfe\x00 \x89PNG"), "5 runs, 14 (run, prompt) rows",
+     "**Left out:** {rows}: left out 1 unreadable line piece(s) (line(s) 4); each prompt counts once"),
+    ("binary rows", corrupt("rows.jsonl", bytes(range(256)) * 8), "4 runs, 11 (run, prompt) rows",
+     "**Unreadable job** `{job}`: {rows} holds no readable row ("),
+    ("rows is a directory", rows_directory, "4 runs, 11 (run, prompt) rows",
+     "**Unreadable job** `{job}`: {rows} is a directory, not a file"),
+    ("corrupt summary", corrupt("summary.json", b'{"prompts": 3, "metr'), "5 runs, 14 (run, prompt) rows",
+     "**Left out:** {job}/summary.json is not valid JSON"),
+    ("corrupt failure mark", corrupt("failure.json", b"\x00\x00\x01"), "5 runs, 14 (run, prompt) rows",
+     "**Failed job** `{job}`: unreadable failure mark: {job}/failure.json is not valid JSON"),
+    ("duplicate row", duplicate_row, "5 runs, 14 (run, prompt) rows",
+     "**Left out:** {rows}: left out 1 duplicate row(s) (line(s) 4); each prompt counts once"),
+]
+
+
+@pytest.mark.parametrize("damage, counts, said", [case[1:] for case in REPORT_DAMAGE],
+                         ids=[case[0] for case in REPORT_DAMAGE])
+def test_the_report_survives_a_damaged_run_and_says_what_it_left_out(sweep, tmp_path, capsys, damage, counts, said):
+    """Issue 28 item 11: each of these was a traceback. The damaged job is job 1 of the five."""
+    job = (sweep / "1").resolve()
+    damage(job)
+    out = tmp_path / "report"
+    assert main([str(sweep), "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert said.format(job=job, rows=job / "rows.jsonl") in report
+    assert counts in report
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and all(line.startswith(("warning: ", "wrote ")) for line in err.splitlines())
+
+
+@pytest.mark.parametrize("out", ["a file", "/proc/specdec-no/report"])
+def test_an_out_that_cannot_be_written_is_one_line_and_exit_2(sweep, tmp_path, capsys, out):
+    target = tmp_path / "taken" if out == "a file" else Path(out)
+    if out == "a file":
+        target.write_text("not a directory")
+    assert main([str(sweep), "--out", str(target)]) == 2
+    [error] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert error.startswith(f"error: --out {target}: cannot be created or written (") and "choose another" in error
+    assert not list(sweep.glob("*.csv"))  # refused before anything was written
+
+
+def test_a_write_refused_while_writing_the_report_is_one_line_and_exit_2(sweep, tmp_path, capsys, monkeypatch):
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device", "summary.csv")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", full_disk)
+    assert main([str(sweep), "--out", str(tmp_path / "report")]) == 2
+    [error] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert error == (f"error: cannot write the report into {tmp_path / 'report'}: No space left on device "
+                     "(summary.csv); choose another --out")
+
+
+def test_a_report_on_rows_where_no_metric_was_measured_states_the_gap(tmp_path):
+    """Issue 28 item 11: all-null metrics were a traceback (a plot's argmax over nothing)."""
+    rows = [make_row("a", f"p{i}") | {metric: None for metric in METRIC_COLUMNS} for i in range(3)]
+    run = write_run(tmp_path / "run", rows)
+    assert main([str(run)]) == 0
+    report = (run / "report.md").read_text()
+    assert ("**No values:** speedup, acceptance_rate, mean_accepted_length, spec_tokens_per_s, baseline_tokens_per_s, "
+            "cost_ratio, predicted_speedup are null in every row") in report
+    assert "**Fastest:** no run has a measured speedup." in report
+    assert (run / "speedup.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
 class FakeApi:

@@ -214,17 +214,20 @@ def test_failed_job_is_named_in_the_report_and_the_sweep_exits_with_its_status(t
 
 
 def test_a_job_that_raises_is_recorded_with_exit_1_and_its_traceback(tiny, tmp_path, monkeypatch, capfd):
-    """Not a config error: a prompt longer than the models' context fails inside the decode loop."""
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"id": "long", "text": " ".join(["the"] * 200)}) + "\n")
+    """Not a config error (those exit 2 before any model loads): an error inside the decode loop."""
+    import specdec
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(specdec.Decoder, "generate", fail)
     sweep_dir = tmp_path / "sweep"
     with pytest.raises(SystemExit) as exit_info:
         main(["-m", "draft_length.k=2,3", *tiny_overrides(tiny, num_prompts=1, warmup=0),
-              f"data.source={prompts}", f"hydra.sweep.dir={sweep_dir}"], monkeypatch)
+              f"hydra.sweep.dir={sweep_dir}"], monkeypatch)
     assert exit_info.value.code == 1
     for job in ("0", "1"):
         failure = json.loads((sweep_dir / job / "failure.json").read_text())
-        assert failure["exit_code"] == 1 and failure["error"].startswith("ValueError: prompt(s) long: ")
+        assert failure["exit_code"] == 1 and failure["error"].startswith("RuntimeError: boom")
     report = (sweep_dir / "report.md").read_text()
     assert report.count("**Failed job**") == 2 and "No job wrote rows" in report
     assert "Traceback" in capfd.readouterr().err

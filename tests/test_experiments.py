@@ -17,7 +17,7 @@ from conftest import CONFIGS, REPO, tiny_overrides
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from experiments import results, runner
+from experiments import rundir, runner
 from experiments import run as run_app
 from experiments.config_checks import ConfigError
 from experiments.loggers import WandbLogger, WandbWarning
@@ -265,7 +265,8 @@ def test_resume_keeps_every_row_that_parses(tiny, tmp_path, capsys, damage, kept
     assert len(report) == 1 and f"{kept} row(s) kept" in report[0] and "2 prompt(s) left" in report[0]
     side = run_dir / "rows.set-aside.jsonl"
     if set_aside:
-        assert side.read_text() == '{"run_id": "garbled\n' and "1 unreadable line piece(s) set aside" in report[0]
+        assert side.read_text() == '{"run_id": "garbled\n'
+        assert "1 set aside in rows.set-aside.jsonl (1 unreadable line piece(s))" in report[0]
     else:
         assert not side.exists()
 
@@ -350,7 +351,9 @@ def test_bad_input_fails_in_one_line_before_any_model_loads(bad, named, tiny, tm
 
 
 @pytest.mark.parametrize("lines, named", [
-    (['{"id": "a", "text": "one"}', '{"id": "a", "text": "two"}'], "prompt ids must be unique (resume keys on them); repeated: a"),
+    (['{"id": "a", "text": "one"}', '{"id": "a", "text": "two"}'],
+     "prompt ids must be unique (rows and reports name prompts by them); repeated: a"),
+    (['{"id": "a", "text": "one"}', '{"id": "b", "text": "one"}'], "prompts.jsonl:2: the same text as line 1"),
     ([], "the prompt set is empty"),
     (['{"id": "a", "text": "  "}'], "empty 'text': a prompt needs at least one token"),
     (['{"id": "a", "text": "fine"}', '{"id": "b", "text"'], "not valid JSON"),
@@ -484,19 +487,19 @@ def test_wandb_logger_disabled_mode_needs_no_account(tmp_path):
 
 
 def test_summary_statistics():
-    mean, low, high, n = results.mean_ci([1.0, 2.0, 3.0, None])
+    mean, low, high, n = rundir.mean_ci([1.0, 2.0, 3.0, None])
     assert (mean, n) == (2.0, 3) and high - mean == pytest.approx(4.3026527 * 1.0 / 3**0.5)  # t_{0.975, 2}
-    assert results.mean_ci([2.0])[1] != results.mean_ci([2.0])[1]  # NaN: no interval from one prompt
+    assert rundir.mean_ci([2.0])[1] != rundir.mean_ci([2.0])[1]  # NaN: no interval from one prompt
 
 
 def test_run_summary_prints_no_interval_for_two_prompts_and_clips_to_the_range():
     """Two prompts: the summary says why there is no interval instead of printing [-2.59, 4.07]; three spread-out
     acceptance rates: the interval stops at [0, 1]."""
     two = [{"acceptance_rate": 0.1, "speedup": 1.0}, {"acceptance_rate": 0.9, "speedup": 2.0}]
-    table = results.format_table(results.summarize(two), "title")
+    table = rundir.format_table(rundir.summarize(two), "title")
     assert "n/a (< 3 prompts)" in table and "-" not in table.split("acceptance_rate")[1].splitlines()[0]
     three = [{"acceptance_rate": value} for value in (0.02, 0.5, 0.98)]
-    metric = results.summarize(three)["metrics"]["acceptance_rate"]
+    metric = rundir.summarize(three)["metrics"]["acceptance_rate"]
     assert (metric["ci_low"], metric["ci_high"]) == (0.0, 1.0)
 
 

@@ -1,9 +1,9 @@
-"""Prompt sets: the shipped held-out set, local .jsonl/.txt files, and clear errors."""
+"""Prompt sets: the shipped held-out set, local .jsonl/.txt files, ids by content, and clear errors."""
 import json
 
 import pytest
 
-from specdec.prompts import Prompt, load_prompts, shipped_sets
+from specdec.prompts import Prompt, content_hash, load_prompts, shipped_sets
 
 
 def test_shipped_heldout_set_has_200_unique_prompts():
@@ -19,16 +19,61 @@ def test_limit_truncates():
         load_prompts("embedded_heldout", limit=-1)
 
 
-def test_jsonl_file_loads_with_default_ids(tmp_path):
+def test_jsonl_file_loads_with_its_ids_or_the_texts_hash(tmp_path):
     path = tmp_path / "mine.jsonl"
-    path.write_text(json.dumps({"id": "a", "text": "Hello"}) + "\n\n" + json.dumps({"text": "World"}) + "\n")
-    assert load_prompts(str(path)) == [Prompt("a", "Hello"), Prompt("mine-001", "World")]
+    path.write_text(json.dumps({"id": "a", "text": "Hello"}) + "\n\n" + json.dumps({"text": "World"}) + "\n"
+                    + json.dumps({"id": 7, "text": "Seven"}) + "\n")
+    world = content_hash("mine.jsonl", "World")
+    assert load_prompts(str(path)) == [Prompt("a", "Hello", "mine.jsonl"), Prompt(world, "World", "mine.jsonl"),
+                                       Prompt("7", "Seven", "mine.jsonl")]
+    assert len(world) == 12 and int(world, 16) >= 0
 
 
-def test_txt_file_loads_one_prompt_per_non_empty_line(tmp_path):
+def test_txt_file_loads_one_prompt_per_non_empty_line_known_by_its_hash(tmp_path):
     path = tmp_path / "mine.txt"
     path.write_text("First prompt\n\n  Second prompt  \n")
-    assert load_prompts(str(path)) == [Prompt("mine-000", "First prompt"), Prompt("mine-001", "Second prompt")]
+    prompts = load_prompts(str(path))
+    assert [p.text for p in prompts] == ["First prompt", "Second prompt"]
+    assert [p.id for p in prompts] == [p.hash for p in prompts] == [content_hash("mine.txt", "First prompt"),
+                                                                    content_hash("mine.txt", "Second prompt")]
+
+
+def test_ids_follow_the_text_not_the_line_a_prompt_is_on(tmp_path):
+    """Issue 28: ids were line positions, so a line inserted at the top renamed every prompt after it."""
+    path = tmp_path / "mine.txt"
+    path.write_text("alpha\nbeta\n")
+    before = {p.text: p.hash for p in load_prompts(str(path))}
+    path.write_text("inserted\nalpha\nbeta changed\n")
+    after = {p.text: p.hash for p in load_prompts(str(path))}
+    assert after["alpha"] == before["alpha"] and after["beta changed"] != before["beta"]
+    assert len(set(after.values())) == 3
+
+
+def test_the_hash_names_the_source_so_two_sets_never_share_ids(tmp_path):
+    (tmp_path / "a.txt").write_text("same text\n")
+    (tmp_path / "b.txt").write_text("same text\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.txt").write_text("same text\n")
+    [a], [b], [moved] = (load_prompts(str(path)) for path in (tmp_path / "a.txt", tmp_path / "b.txt",
+                                                              tmp_path / "sub" / "a.txt"))
+    assert a.hash != b.hash and a.hash == moved.hash  # the file's name, not its directory
+    shipped = load_prompts("embedded_heldout", limit=1)[0]
+    assert shipped.hash == content_hash("embedded_heldout", shipped.text) and shipped.id == "heldout-000"
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("twice.txt", "one\ntwo\n  one \n", "twice.txt:3: the same text as line 1"),
+    ("twice.jsonl", '{"id": "a", "text": "x"}\n{"id": "b", "text": "x"}\n', "twice.jsonl:2: the same text as line 1"),
+    ("ids.jsonl", '{"id": true, "text": "x"}\n',
+     "ids.jsonl:1: 'id' must be a non-empty string or an integer, got True"),
+    ("ids.jsonl", '{"id": "", "text": "x"}\n', "got ''"),
+    ("binary.txt", b"\xff\xfeok\n", "binary.txt: not UTF-8 text"),
+])
+def test_bad_prompt_files_are_refused_naming_the_line(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_prompts(str(path))
 
 
 def test_prompt_is_frozen():
