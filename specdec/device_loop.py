@@ -84,6 +84,8 @@ class DeviceRun:
         self.log = StepLog(batch_size, self.k, max_steps=self.max_steps, device=device)
         self.capacity = static_capacity(width, max_new_tokens + 2 * (self.k + 1))
         self.lag = 1 if device.type == "cuda" else 0  # steps between a step and the host's read of its flags
+        if device.type == "cuda":
+            self.host_flags = torch.zeros(2, len(FLAG_NAMES), dtype=torch.bool, pin_memory=True)  # [2, 4]
 
     def run(self) -> GenerationOutput:
         decoder = self.decoder
@@ -94,14 +96,14 @@ class DeviceRun:
         cache = decoder.runner.new_cache(batch_size, self.capacity, self.device, fixed_span=True)
         padded = batch_size > 1 or not bool(self.attention_mask.all())  # one host read per call
         self.target = CachedContext(cache, self.input_ids, self.attention_mask if padded else None)
-        generating = self.read(self.step())  # the prefill's step, whose tokens give the time to first token
+        generating = self.read(self.stash(self.step(), 0))  # the prefill's step: its tokens give the TTFT
         self.log.note(self.layout, self.overlap_is_acceptance)
         ttft = self.clock.now() - start
         first_step_forwards = decoder.drafter.num_forwards
         first_step_emitted = self.emitted.sum()  # [] read at the end
         steps, unread = 1, []  # unread: flags not read yet, oldest first
         if generating and self.max_steps > 1:
-            unread.append(self.step())  # eager: compiles the decode shapes before any capture
+            unread.append(self.stash(self.warm_up_step(), steps))  # eager: compiles the decode shapes
             self.log.note(self.layout, self.overlap_is_acceptance)
             steps, run_step = 2, self.captured_step()
             while True:
@@ -109,7 +111,7 @@ class DeviceRun:
                     generating = self.read(unread.pop(0))
                 if not generating or steps >= self.max_steps:
                     break
-                unread.append(run_step())
+                unread.append(self.stash(run_step(), steps))
                 steps += 1
                 self.note_replay()
         for flags in unread:  # the flags of steps past the end still say whether their logits were usable
@@ -169,6 +171,29 @@ class DeviceRun:
         self.active.copy_(self.remaining > 0)
         return new_tokens, num_new
 
+    def warm_up_step(self) -> torch.Tensor:
+        """The second step, eager; on CUDA on a side stream, as capturing wants (lazy per-stream set-up happens
+        outside the capture)."""
+        if self.device.type != "cuda":
+            return self.step()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            flags = self.step()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        return flags
+
+    def stash(self, flags: torch.Tensor, step: int):
+        """Start copying a step's flags to the host without waiting: on CUDA into a pinned buffer (two slots: at
+        most the lag plus one are in flight), with an event marking the copy's end."""
+        if self.device.type != "cuda":
+            return flags
+        slot = self.host_flags[step % 2]
+        slot.copy_(flags, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return slot, done
+
     def captured_step(self):
         """How to run each later step: replay a CUDA graph of it on CUDA (captured once, here), else run it."""
         if self.device.type != "cuda":
@@ -195,8 +220,14 @@ class DeviceRun:
         if not self.replays_run_python and not self.decoder.drafter.proposes_nothing:
             self.decoder.drafter.num_forwards += self.k
 
-    def read(self, flags: torch.Tensor) -> bool:
-        """The one host read of a step: its flags; refuses unusable logits or verdicts. Whether rows generate."""
+    def read(self, stashed) -> bool:
+        """The one host read of a step: its flags (waiting for that step only); refuses unusable logits or
+        verdicts. Whether rows still generate."""
+        if self.device.type == "cuda":
+            flags, done = stashed
+            done.synchronize()
+        else:
+            flags = stashed
         values = dict(zip(FLAG_NAMES, flags.tolist()))
         check_flags(values, self.decoder.strategy.name)
         return values["generating"]
