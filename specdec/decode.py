@@ -85,6 +85,7 @@ class Decoder:
         check_model("target", target)
         check_parts(drafter, draft_length, sampling)
         check_strategy_object(strategy)
+        drafter.check_target(target)
         for name, value in (("time_phases", time_phases), ("retire_finished_rows", retire_finished_rows),
                             ("compile", compile)):
             check_bool(name, value)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.cache import CachedModel, check_runner_options, static_capacity
+from specdec.checks import model_device
 from specdec.context import CachedContext
 from specdec.interfaces import Drafter, StopHook
 from specdec.layout import Proposal, tree_layout
@@ -44,6 +45,18 @@ class CachedDrafter(Drafter):
 
     def models(self) -> list[torch.nn.Module]:
         return [self.model]
+
+    def check_target(self, target: torch.nn.Module) -> None:
+        """Its tokens are the target's: the two vocabularies must be the same size."""
+        draft_vocab, target_vocab = self.model.config.vocab_size, target.config.vocab_size
+        if draft_vocab != target_vocab:
+            raise ValueError(f"the {self.label} model has vocab_size={draft_vocab} and the target {target_vocab}: a "
+                             f"{type(self).__name__} proposes target token ids, so both must share a vocabulary; to "
+                             f"draft across tokenizers use specdec.CrossTokenizerDrafter")
+        draft_device, target_device = model_device(self.model), model_device(target)
+        if draft_device != target_device:
+            raise ValueError(f"the {self.label} model is on {draft_device} but the target on {target_device}; put "
+                             f"both on one device")
 
     @property
     def drafts_on_device(self) -> bool:

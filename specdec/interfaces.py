@@ -152,6 +152,9 @@ class Drafter:
         """The models it runs, checked by the loop like the target (eval mode, context limit)."""
         return []
 
+    def check_target(self, target: torch.nn.Module) -> None:
+        """Refuse, in one line, a target this drafter cannot draft for (the Decoder asks before any work)."""
+
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
         raise NotImplementedError
 

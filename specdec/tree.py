@@ -28,9 +28,14 @@ from specdec.types import TreeShape
 MAX_TREE_NODES = 1024  # nodes one verification may hold (Sequoia's largest trees hold 768)
 
 
-@functools.lru_cache(maxsize=None)
 def tree_shape(branching: tuple[int, ...]) -> TreeShape:
-    """The static tree where each node at depth i - 1 has ``branching[i - 1]`` children."""
+    """The static tree where each node at depth i - 1 has ``branching[i - 1]`` children (built once per shape)."""
+    check_branching(branching)
+    return build_tree_shape(branching)
+
+
+def check_branching(branching: object) -> None:
+    """A non-empty tuple of integers >= 1 making at most ``MAX_TREE_NODES`` nodes, else one clear error."""
     if (not isinstance(branching, tuple) or not branching
             or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in branching)):
         shown = list(branching) if isinstance(branching, tuple) else branching
@@ -40,6 +45,10 @@ def tree_shape(branching: tuple[int, ...]) -> TreeShape:
     if num_nodes > MAX_TREE_NODES:
         raise ValueError(f"branching {list(branching)} makes a tree of {num_nodes} nodes; at most {MAX_TREE_NODES} "
                          f"are verified in one target forward")
+
+
+@functools.lru_cache(maxsize=None)
+def build_tree_shape(branching: tuple[int, ...]) -> TreeShape:
     parent, depth = [], []
     level = [0]  # positions of the previous level; the root is position 0
     for d, b in enumerate(branching, start=1):
