@@ -40,6 +40,10 @@ CACHE_LAYOUTS = ("dynamic", "static")
 FORWARDS = ("auto", "lean", "transformers")
 STATIC_CACHE_SLACK = 64  # spare static slots, so compaction is rare
 STATIC_CAPACITY_STEP = 256  # static capacities are multiples of this, so nearby needs share one compiled shape
+# Shapes one compiled lean forward may be specialised to. Every LeanForward call is one code object to dynamo, so
+# each (model, width, span) a process runs is a variant: a k sweep with a draft and a few capacities passes
+# dynamo's default of 8, past which it would silently run eager.
+COMPILED_VARIANTS = 64
 
 
 @dataclass(frozen=True)
@@ -411,6 +415,7 @@ class CachedModel:
         """The forward compiled once for this owner (lean: inductor alone; transformers': CUDA graphs on CUDA)."""
         if self.compiled is None:
             if self.is_lean:
+                torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_VARIANTS)
                 self.compiled = torch.compile(self.lean, fullgraph=True, dynamic=False)
             else:
                 cuda = next(self.model.parameters()).device.type == "cuda"
