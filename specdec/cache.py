@@ -70,7 +70,8 @@ def round_up_capacity(slots: int) -> int:
 
 def static_capacity(prompt_width: int, new_tokens: int) -> int:
     """Slots to preallocate: the prompt (with its padding), the tokens to come, and slack for one step's rejected
-    drafts and holes. A masked cache that still runs out compacts or grows; a lean cache refuses."""
+    drafts and holes. A cache that still runs out compacts (masked) or grows; the device step reserves its room
+    before its first step (``KVCache.reserve``)."""
     return prompt_width + new_tokens + STATIC_CACHE_SLACK
 
 
@@ -106,6 +107,9 @@ class KVCache:
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep only the batch rows ``index`` [B'] (rows that finished leave the batch)."""
         raise NotImplementedError
+
+    def reserve(self, slots: int) -> None:
+        """Make room for ``slots`` slots now, so that no later feed grows the cache (a captured step cannot)."""
 
 
 class MaskedCache(KVCache):
@@ -200,6 +204,10 @@ class MaskedCache(KVCache):
         self.region_start = self.num_slots
         if not self.static and not self.dense and self.num_slots >= self.next_hole_check:
             self.compact_if_mostly_holes()
+
+    def reserve(self, slots: int) -> None:
+        if self.static and slots > self.capacity:
+            self.grow(slots)
 
     def make_room(self, n: int) -> None:
         """A static cache about to overflow compacts (between steps) or grows."""
@@ -299,7 +307,7 @@ class LeanCache(KVCache):
 
     def feed(self, tokens, valid=None, tree=None, logit_columns=None, prefill=False) -> torch.Tensor:
         batch, n = tokens.shape
-        if not self.fixed_span and self.bound + n > self.capacity:  # a fixed span was sized by its owner
+        if self.bound + n > self.capacity:
             self.grow(2 * (self.bound + n))
         valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid.bool()  # [B, n]
         rank = valid.long().cumsum(-1) - 1  # [B, n] rank among the valid ones
@@ -356,6 +364,10 @@ class LeanCache(KVCache):
             heads, dim = states.shape[1], states.shape[3]
             moved = states.gather(2, source[:, None, :, None].expand(-1, heads, -1, dim))  # [B, H, R, D], a copy
             states.scatter_(2, target[:, None, :, None].expand(-1, heads, -1, dim), moved)
+
+    def reserve(self, slots: int) -> None:
+        if slots > self.capacity:
+            self.grow(slots)
 
     def grow(self, capacity: int) -> None:
         """Move to larger buffers (rounded up) holding the slots written so far; they replace the pooled ones."""

@@ -92,6 +92,7 @@ class DeviceRun:
         start = self.clock.now()
         decoder.draft_length.start()
         decoder.drafter.start(self.input_ids, self.attention_mask)
+        decoder.drafter.reserve(self.capacity)  # a captured step cannot grow a cache
         batch_size = self.input_ids.shape[0]
         cache = decoder.runner.new_cache(batch_size, self.capacity, self.device, fixed_span=True)
         padded = batch_size > 1 or not bool(self.attention_mask.all())  # one host read per call

@@ -3,8 +3,8 @@
 The interface, with what a drafter may declare, is ``specdec.interfaces.Drafter``. ``CachedDrafter`` is the base of
 every drafter that runs a causal LM over its own KV cache: it owns the model's ``CachedModel`` and, per call, its
 ``CachedContext`` (the cache and its queue of emitted tokens the cache has not seen), started from the prompt,
-rolled back in ``commit`` and narrowed in ``select_rows``. A new cached drafter writes ``propose`` only, feeding
-its drafts through ``self.context.feed``. Here: ``ModelDrafter`` (a small LM drafting a chain), ``TreeDrafter``
+rolled back in ``commit`` and narrowed in ``select_rows``. A new cached drafter writes ``draft`` only, feeding
+its drafts through ``self.feed``. Here: ``ModelDrafter`` (a small LM drafting a chain), ``TreeDrafter``
 (a small LM drafting a token tree, ``specdec.tree``) and ``NoDrafter`` (the baseline); in their own modules
 ``specdec.early_exit.EarlyExitDrafter`` (the target's first layers) and ``specdec.ngram.NGramDrafter`` (prompt
 lookup, no model).
@@ -105,6 +105,9 @@ class CachedDrafter(Drafter):
 
     def release(self) -> None:
         self.runner.release()
+
+    def reserve(self, slots: int) -> None:
+        self.context.cache.reserve(slots)
 
 
 class ModelDrafter(CachedDrafter):

@@ -10,7 +10,7 @@ A part subclasses its interface and overrides what it does; the loop reads the d
 ``specdec.types``; the words the code coins are in docs/glossary.md.
 
 Where to add a part: a strategy subclasses ``AcceptanceStrategy`` (``__call__`` on a chain; ``judge_tree`` for
-trees); a drafter that runs a cached model subclasses ``specdec.drafters.CachedDrafter`` and writes ``propose``;
+trees); a drafter that runs a cached model subclasses ``specdec.drafters.CachedDrafter`` and writes ``draft``;
 any other drafter subclasses ``Drafter``.
 """
 
@@ -172,6 +172,10 @@ class Drafter:
 
     def release(self) -> None:
         """Free what the drafter keeps between calls; nothing by default."""
+
+    def reserve(self, slots: int) -> None:
+        """Make room for ``slots`` cache slots now (called after ``start`` by a loop whose steps cannot grow a
+        cache: the device step); nothing by default."""
 
 
 class DraftLengthPolicy:

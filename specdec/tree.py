@@ -1,15 +1,15 @@
 """Token trees: draft a tree of candidates, verify every node in one target forward, accept the best path.
 
 A chain drafts one token per depth and throws away the draft's second choices; a tree keeps b_i of them at
-depth i (``TreeShape``), and the target scores all N nodes at once under an ancestor mask (``KVCache.forward_tree``),
-so one target call can accept a path that a chain would have lost at its first rejection.
+depth i (``TreeShape``), and the target scores all N nodes at once under an ancestor mask (a ``TreeLayout``,
+``specdec.layout``), so one target call can accept a path that a chain would have lost at its first rejection.
 
 Children. At temperature 0 a node's children are the draft's top-b tokens (distinct). When sampling they are b
 i.i.d. draws from the draft distribution q at the node (with replacement), so that SpecInfer's multi-step
 speculative sampling is exact (``speculative_tree``).
 
-The drafter is ``specdec.drafters.TreeDrafter``. Rollback is the chains' masking: both caches keep the slots of the accepted path and every other node becomes a
-hole (``KVCache.keep_slots``), in the one place each cache is rolled back.
+The drafter is ``specdec.drafters.TreeDrafter``. Rollback is each cache's one ``keep``: the accepted path's slots
+stay and every other node's are forgotten (a hole in transformers' cache, gathered away in a lean one).
 
 k and draft-length policies: k is the tree's depth. A step drafts the first min(k, d) levels of the shape, so a
 fixed k >= d drafts the whole tree, a smaller k (the loop's, near ``max_new_tokens`` or the context limit, or an

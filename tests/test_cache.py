@@ -5,7 +5,7 @@ import torch
 
 import specdec
 from specdec.cache import CachedModel
-from conftest import hf_greedy, left_pad, random_prompts, watch_forwards
+from conftest import hf_greedy, left_pad, random_prompts, tiny_gpt2, watch_forwards
 
 
 def decoder(target, draft, layout, forward="auto"):
@@ -209,3 +209,19 @@ def test_a_dense_cache_passes_no_mask_and_its_logits_equal_the_masked_path(targe
     padded = masked_cache(target, 1)
     padded.feed(prompt, torch.tensor([[0, 1, 1, 1, 1, 1]]), logit_columns=torch.arange(0))
     assert not padded.dense and not masked_cache(target, 2).dense
+
+
+def test_a_lean_cache_grows_past_its_first_capacity_even_with_a_fixed_span():
+    """A compiled drafter's lean cache spans its whole capacity; once a call needs more it must grow, never cut
+    the context: the logits after growing equal a full forward's."""
+    target = tiny_gpt2(0, layers=1, positions=1024)
+    cache = CachedModel(target, "draft", forward="lean").new_cache(1, 16, torch.device("cpu"), fixed_span=True)
+    first = cache.capacity
+    tokens = torch.tensor([random_prompts([first + 40], seed=9)[0]])
+    for i in range(tokens.shape[1]):
+        logits = cache.feed(tokens[:, i : i + 1])
+        cache.keep(torch.ones(1, 1, dtype=torch.bool), prefix=True, max_kept=1)
+    assert cache.capacity > first and int(cache.length) == tokens.shape[1]
+    torch.testing.assert_close(logits[0, -1], target(tokens).logits[0, -1], rtol=0, atol=1e-10)
+    cache.reserve(4 * cache.capacity)
+    assert cache.capacity >= 4 * first
