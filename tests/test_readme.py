@@ -20,7 +20,7 @@ PAGES_IN_PROGRESS = {DOCS / "trees.md"}
 FENCE = re.compile(r"^(```|~~~)")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 INLINE_CODE = re.compile(r"`[^`]*`")
-HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
 
 
 def outside_fences(text: str) -> list[str]:
@@ -62,7 +62,7 @@ def anchors(page: Path) -> set[str]:
         match = HEADING.match(line)
         if match is None:
             continue
-        base = slug(match.group(2))
+        base = slug(match.group(1))
         count = seen.get(base, 0)
         found.add(base if count == 0 else f"{base}-{count}")
         seen[base] = count + 1
