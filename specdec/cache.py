@@ -295,15 +295,19 @@ class LeanCache(KVCache):
         self.capacity = self.keys[0].shape[2]
         self.position_limit = (owner.lean.context_limit or 2**62) - 1
         self.fixed_span = fixed_span
+        # Per-row state a step reads from the step before: written in place only, so a captured step reads on every
+        # replay the tensors its capture saw (a tensor rebound during capture would be freed, its memory reused).
         self.length = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] committed slots per row
+        self.region_count = torch.zeros_like(self.length)  # [B] valid entries in the region so far
         self.slot_index = torch.arange(self.capacity, device=device)  # [C]
-        self.start_region(batch_size, device)
+        self.start_region()
         self.bound = 0  # host: no row's length plus region reaches past this
 
-    def start_region(self, batch_size: int, device: torch.device) -> None:
-        self.region_slots = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # [B, R] slot of each entry
-        self.region_valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, R]
-        self.region_count = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] valid entries so far
+    def start_region(self) -> None:
+        """An empty region: no slot fed since the last keep."""
+        empty = self.length.new_zeros(self.length.shape[0], 0)  # [B, 0]: no memory a later step could read
+        self.region_slots, self.region_valid = empty, empty.bool()  # [B, R] each entry's slot, whether it is valid
+        self.region_count.zero_()
 
     def feed(self, tokens, valid=None, tree=None, logit_columns=None, prefill=False) -> torch.Tensor:
         batch, n = tokens.shape
@@ -323,7 +327,7 @@ class LeanCache(KVCache):
         attend = self.attention(slots, valid, tree, span)  # [B, n, S]
         self.region_slots = torch.cat([self.region_slots, slots], 1)
         self.region_valid = torch.cat([self.region_valid, valid], 1)
-        self.region_count = self.region_count + num_valid.squeeze(1)
+        self.region_count += num_valid.squeeze(1)
         self.bound += n
         run = self.eager if prefill else self.run
         return run(tokens, positions.clamp(0, self.position_limit), slots, attend, self.keys, self.values,
@@ -353,7 +357,7 @@ class LeanCache(KVCache):
         num_region = kept.shape[1]
         self.length += kept.sum(-1)  # in place: a captured step updates the same tensor on every replay
         self.bound -= num_region - (max_kept if max_kept is not None else num_region)
-        self.start_region(*self.length.shape, self.length.device)
+        self.start_region()
 
     def gather_kept(self, kept: torch.Tensor) -> None:
         """Move each row's kept region slots, in order, to the slots right after its length."""
