@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,7 +25,8 @@ import transformers
 import specdec
 from specdec.lean import LeanForward
 from specdec import Clock, DecodeStats, GenerationOutput
-from specdec.profile import time_forwards
+from specdec.cache import CachedModel, static_capacity
+from specdec.profile import fill, time_forwards
 from specdec.results import markdown_table
 
 
@@ -163,12 +165,23 @@ def run_interleaved(methods: dict, batches: list, clock: Clock, timed_models: tu
     """Run every method on every batch, the order rotating per batch, after a warm-up (``warmup_batches``), so no
     compilation falls in the timed calls (``compilations_while_timed`` counts any that still do). The forwards of
     ``timed_models`` are timed inside eager methods' calls, for their overhead; elsewhere it is NaN."""
-    tallies = {name: Tally() for name in methods}
-    for name, method in methods.items():
-        start = clock.now()
-        for index, batch in enumerate(warmup_batches(method, batches)):
-            method.decode(batch, index)
-        tallies[name].warmup_seconds = clock.now() - start
+    tallies = {name: warm_up(method, batches, clock) for name, method in methods.items()}
+    return time_interleaved(methods, batches, clock, tallies, timed_models)
+
+
+def warm_up(method: Method, batches: list, clock: Clock) -> Tally:
+    """A method's untimed warm-up calls (``warmup_batches``), their seconds in a new tally."""
+    tally = Tally()
+    start = clock.now()
+    for index, batch in enumerate(warmup_batches(method, batches)):
+        method.decode(batch, index)
+    tally.warmup_seconds = clock.now() - start
+    return tally
+
+
+def time_interleaved(methods: dict, batches: list, clock: Clock, tallies: dict, timed_models: tuple = ()) -> dict:
+    """The timed part of ``run_interleaved``, for methods already warmed up (``tallies`` from ``warm_up``, one per
+    method): every method on every batch, the order rotating per batch."""
     compiled_before = compilations()
     for index, batch in enumerate(batches):
         for name in rotation(list(methods), index):
@@ -195,10 +208,11 @@ def time_call(method: Method, batch, index: int, clock: Clock, timed_models: tup
 
 
 def compilations() -> int:
-    """Frames torch.compile has compiled in this process so far (dynamo's own counter)."""
+    """Graphs torch.compile has compiled in this process so far (dynamo's own counter). Its per-frame counter
+    (``frames/ok``) misses the lean forward's compilations in torch 2.13; ``unique_graphs`` counts every one."""
     from torch._dynamo.utils import counters  # imported on use: loading dynamo costs a second
 
-    return counters["frames"]["ok"]
+    return counters["stats"]["unique_graphs"]
 
 
 # --- transformers -----------------------------------------------------------------------------------------------
@@ -243,6 +257,33 @@ def transformers_generate(target: torch.nn.Module, draft: torch.nn.Module, batch
     out = target.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=eos_token_id or 0, **length,
                           **sampling, **assistant, **transformers_best_options(target))
     return Decoded([out[0, ids.shape[1]:].tolist()])
+
+
+def compile_forward(model: torch.nn.Module) -> Callable:
+    """The model's forward through torch.compile as transformers' docs prescribe for its fastest decoding (LLM
+    inference optimization: static cache and torch.compile): ``mode="reduce-overhead", fullgraph=True``."""
+    return torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+
+
+def transformers_static_generate(target: torch.nn.Module, batch: list[list[int]], max_new_tokens: int,
+                                 compiled_forward: Callable | None = None) -> Decoded:
+    """transformers' own fastest autoregressive decoding of a batch of equal-length prompts, greedy, EOS ignored:
+    ``generate(cache_implementation="static")``, which transformers 5 compiles by itself on CUDA. With
+    ``compiled_forward`` (``compile_forward(target)``) the docs' recipe instead: the model's forward replaced by the
+    compiled one and generate's own compilation off. The replacement lasts this call only, so every other method
+    that runs the same model object runs its plain forward."""
+    ids = torch.tensor(batch, device=target.device)  # [B, T]
+    options = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                   min_new_tokens=max_new_tokens, pad_token_id=0, cache_implementation="static")
+    if compiled_forward is None:
+        out = target.generate(ids, **options)
+    else:
+        target.forward = compiled_forward
+        try:
+            out = target.generate(ids, disable_compile=True, **options)
+        finally:
+            del target.forward  # the class's forward again
+    return Decoded(out[:, ids.shape[1]:].tolist())
 
 
 def transformers_configuration(target: torch.nn.Module, names: Iterable[str]) -> str:
@@ -301,11 +342,97 @@ def cost_profile(pair, prompt: torch.Tensor, widths: Iterable[int], repeats: int
     return CostProfile(seconds(pair.draft, [1], "draft")[1], seconds(pair.target, widths, "target"))
 
 
+def captured_cost_profile(pair, prompt: torch.Tensor, widths: Iterable[int], repeats: int, clock: Clock,
+                          compile: bool = True) -> CostProfile:
+    """The pair's costs as the device step pays them (``Decoder(step="device")``). On CUDA each compiled forward
+    over a lean cache holding ``prompt`` [1, T] is captured as a CUDA graph and timed per replay, so neither kernel
+    launches nor the host's Python fall in it, as in a captured step; elsewhere the forwards (compiled where
+    ``compile``) as ``cost_profile`` times them."""
+    if prompt.device.type != "cuda":
+        return cost_profile(pair, prompt, widths, repeats, clock, compile=compile)
+    return CostProfile(replay_seconds(pair.draft, prompt, [1], repeats, clock, "draft")[1],
+                       replay_seconds(pair.target, prompt, widths, repeats, clock, "target"))
+
+
+def replay_seconds(model: torch.nn.Module, prompt: torch.Tensor, widths: Iterable[int], repeats: int, clock: Clock,
+                   label: str) -> dict[int, float]:
+    """Median seconds of one replay of a CUDA graph of the compiled forward of n tokens after ``prompt`` [1, T],
+    for each n in ``widths``. Each replay writes the same slots over the same cache, so every one sees it alike."""
+    widths = list(widths)
+    runner = CachedModel(model, label, compile=True)
+    cache = runner.new_cache(prompt.shape[0], static_capacity(prompt.shape[1], max(widths)), prompt.device)
+    fill(cache, prompt)
+    medians = {}
+    for n in widths:
+        tokens = prompt[:, :n]  # [1, n]
+        forget = torch.zeros_like(tokens, dtype=torch.bool)  # [1, n] keep none of them
+
+        def forward_once():
+            cache.feed(tokens)
+            cache.keep(forget, prefix=True, max_kept=0)
+
+        graph = captured(forward_once, lambda: cache.feed(tokens))
+        graph.replay()
+        cache.keep(forget, prefix=True, max_kept=0)  # the capture fed them on the cache's books: forget them
+        times = []
+        for _ in range(repeats):
+            start = clock.now()
+            graph.replay()
+            times.append(clock.now() - start)
+        medians[n] = statistics.median(times)
+    runner.release()
+    return medians
+
+
+def captured(warm: Callable[[], None], step: Callable[[], object], warmups: int = 3) -> torch.cuda.CUDAGraph:
+    """``step`` captured as a CUDA graph, after ``warm`` ran ``warmups`` times on a side stream (compiling and
+    allocating what it needs), as PyTorch's CUDA graph docs prescribe."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            warm()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 def measured_cost_speedup(alpha: float, k: int, costs: CostProfile) -> float:
     """Leviathan's expected tokens per step, E = sum_{i=0..k} alpha^i, over the measured costs instead of his one
     target step per verification: E * T(1) / (k T_draft + T_verify(k+1)). Unitless, whatever the costs' unit."""
     expected_tokens = specdec.predicted_speedup(alpha, k, 0.0)  # at c = 0 the formula is E itself
     return expected_tokens * costs.target_step / (k * costs.draft_step + costs.verify(k))
+
+
+# --- host reads -------------------------------------------------------------------------------------------------
+
+
+class HostReads:
+    """While active (``with HostReads() as reads``), counts the ways the host reads a tensor's values: item,
+    tolist, bool, int, float and index, as tests/test_device_step.py counts them."""
+
+    METHODS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self):
+        self.count = 0
+        self.originals = {name: getattr(torch.Tensor, name) for name in self.METHODS}
+
+    def __enter__(self) -> HostReads:
+        for name, original in self.originals.items():
+            setattr(torch.Tensor, name, self.counting(original))
+        return self
+
+    def __exit__(self, *_) -> None:
+        for name, original in self.originals.items():
+            setattr(torch.Tensor, name, original)
+
+    def counting(self, original: Callable) -> Callable:
+        def counted(tensor, *args):
+            self.count += 1
+            return original(tensor, *args)
+        return counted
 
 
 # --- argument checks: one line naming the value and what is allowed, before any model loads ----------------------
