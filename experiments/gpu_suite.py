@@ -16,7 +16,7 @@ Sections, in order (the most wanted first, so a short lease loses the least):
    forward; ``hf_generate``: plain generate()).
 3. ``speculative``: our fastest path at synthetic acceptance 0.6, 0.7, 0.8 for each k (GPT-2 small drafting),
    speedup over our fastest autoregressive path, beside the prediction from measured costs (the draft step and the
-   verification of k + 1 tokens, each a replayed CUDA graph, ``harness.captured_cost_profile``).
+   verification of k + 1 tokens, each compiled forward timed on its own, ``harness.cost_profile``).
 4. ``embedded``: the shipped pair, ours (eager and compiled) vs transformers' assisted generation at the same
    algorithm, greedy, k = 4, and whether every method emitted identical tokens.
 5. ``host_reads``: host reads per step of the device step (counted as tests/test_device_step.py counts them) and of
@@ -54,7 +54,7 @@ import transformers
 import specdec
 from experiments.bench import comparison_table
 from experiments.harness import (
-    Decoded, HostReads, Method, Report, argument_parser, captured_cost_profile, compile_forward, default_out_dir,
+    Decoded, HostReads, Method, Report, argument_parser, compile_forward, cost_profile, default_out_dir,
     load_bench_pair, markdown, measured_cost_speedup, names_from, random_prompts, time_interleaved,
     transformers_generate, transformers_static_generate, warm_up,
 )
@@ -446,13 +446,14 @@ def speculative_section(suite: Suite, budget: Budget) -> None:
         f"tokens; our fastest path: lean forward, compile={plan.compile}, the step on the device)", rows,
         "`speedup`: tokens/s over the baseline's, end to end; `decode_speedup`: the same after each call's first step "
         "(the prefill's), which is what the predictions model; `predicted`: Leviathan's expected tokens per step "
-        "over the measured costs (draft step, verification of k + 1 tokens: replayed CUDA graphs on CUDA); "
-        "`measured_over_predicted` = decode_speedup / predicted.")
+        "over the measured costs (draft step, verification of k + 1 tokens: each compiled forward timed on its own, "
+        "so on CUDA with its kernel launches, which the device step's CUDA graph does not pay: the prediction is "
+        "conservative there); `measured_over_predicted` = decode_speedup / predicted.")
 
 
 def speculative_rows(suite: Suite, baseline: specdec.Decoder, k: int, batches: list, prompt: torch.Tensor) -> list:
     plan, pair, clock = suite.plan, suite.pair, suite.clock
-    costs = captured_cost_profile(pair, prompt, sorted({1, k + 1}), plan.cost_repeats, clock, plan.compile)
+    costs = cost_profile(pair, prompt, sorted({1, k + 1}), plan.cost_repeats, clock, plan.compile)
     if suite.results["draft_target_cost_ratio"] is None:
         suite.results["draft_target_cost_ratio"] = round(costs.cost_ratio, 3)
     decoders = {"baseline": baseline}
@@ -566,14 +567,15 @@ def count_reads(decoder: specdec.Decoder, prompts: torch.Tensor, new_tokens: int
 
 
 def study_section(suite: Suite, budget: Budget, out: Path) -> None:
-    """One short study job as a subprocess, W&B offline (``WANDB_MODE=offline``), within the section's budget."""
+    """One short study job as a subprocess, W&B offline (``WANDB_MODE=offline``, its files in the run directory),
+    within the section's budget."""
     out.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix="study-", dir=out))  # a new run: never a resumed one
     command = [sys.executable, "-m", "experiments.run", "experiment=gpt2_xl_study", *suite.plan.study_overrides,
                f"hydra.run.dir={run_dir}"]
     row = {"command": " ".join(["python", *command[1:]]), "exit_code": None}
     if budget.allows("the study job", suite.first_call_guess(True)):
-        environment = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+        environment = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(run_dir), "PYTHONUNBUFFERED": "1"}
         try:
             done = subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True,
                                   timeout=max(budget.left(), 1.0))

@@ -1,5 +1,6 @@
-"""What every bench shares: the pair and its prompts, the interleaved run, transformers at its best, the cost
-profile and the predictions from it, the argument checks, and the tables.
+"""What every bench shares: the pair and its prompts, the interleaved run, transformers at its best (assisted, and
+its static-cache autoregressive path), the cost profile and the predictions from it, a counter of host reads, the
+argument checks, and the tables.
 
 The measuring rules, kept here once: every method runs in one process, after an untimed warm-up; the methods are
 interleaved per prompt, the order rotating, so a machine whose speed drifts moves them all alike; the device is
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,8 +25,7 @@ import transformers
 import specdec
 from specdec.lean import LeanForward
 from specdec import Clock, DecodeStats, GenerationOutput
-from specdec.cache import CachedModel, static_capacity
-from specdec.profile import fill, time_forwards
+from specdec.profile import time_forwards
 from specdec.results import markdown_table
 
 
@@ -340,63 +339,6 @@ def cost_profile(pair, prompt: torch.Tensor, widths: Iterable[int], repeats: int
                              label=label)
 
     return CostProfile(seconds(pair.draft, [1], "draft")[1], seconds(pair.target, widths, "target"))
-
-
-def captured_cost_profile(pair, prompt: torch.Tensor, widths: Iterable[int], repeats: int, clock: Clock,
-                          compile: bool = True) -> CostProfile:
-    """The pair's costs as the device step pays them (``Decoder(step="device")``). On CUDA each compiled forward
-    over a lean cache holding ``prompt`` [1, T] is captured as a CUDA graph and timed per replay, so neither kernel
-    launches nor the host's Python fall in it, as in a captured step; elsewhere the forwards (compiled where
-    ``compile``) as ``cost_profile`` times them."""
-    if prompt.device.type != "cuda":
-        return cost_profile(pair, prompt, widths, repeats, clock, compile=compile)
-    return CostProfile(replay_seconds(pair.draft, prompt, [1], repeats, clock, "draft")[1],
-                       replay_seconds(pair.target, prompt, widths, repeats, clock, "target"))
-
-
-def replay_seconds(model: torch.nn.Module, prompt: torch.Tensor, widths: Iterable[int], repeats: int, clock: Clock,
-                   label: str) -> dict[int, float]:
-    """Median seconds of one replay of a CUDA graph of the compiled forward of n tokens after ``prompt`` [1, T],
-    for each n in ``widths``. Each replay writes the same slots over the same cache, so every one sees it alike."""
-    widths = list(widths)
-    runner = CachedModel(model, label, compile=True)
-    cache = runner.new_cache(prompt.shape[0], static_capacity(prompt.shape[1], max(widths)), prompt.device)
-    fill(cache, prompt)
-    medians = {}
-    for n in widths:
-        tokens = prompt[:, :n]  # [1, n]
-        forget = torch.zeros_like(tokens, dtype=torch.bool)  # [1, n] keep none of them
-
-        def forward_once():
-            cache.feed(tokens)
-            cache.keep(forget, prefix=True, max_kept=0)
-
-        graph = captured(forward_once, lambda: cache.feed(tokens))
-        graph.replay()
-        cache.keep(forget, prefix=True, max_kept=0)  # the capture fed them on the cache's books: forget them
-        times = []
-        for _ in range(repeats):
-            start = clock.now()
-            graph.replay()
-            times.append(clock.now() - start)
-        medians[n] = statistics.median(times)
-    runner.release()
-    return medians
-
-
-def captured(warm: Callable[[], None], step: Callable[[], object], warmups: int = 3) -> torch.cuda.CUDAGraph:
-    """``step`` captured as a CUDA graph, after ``warm`` ran ``warmups`` times on a side stream (compiling and
-    allocating what it needs), as PyTorch's CUDA graph docs prescribe."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmups):
-            warm()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph
 
 
 def measured_cost_speedup(alpha: float, k: int, costs: CostProfile) -> float:
