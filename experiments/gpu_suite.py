@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import math
 import os
@@ -219,8 +220,10 @@ class Suite:
     def left(self) -> float:
         return self.plan.budget_seconds - (self.now() - self.started)
 
-    def run(self, sections: dict[str, Callable[[Suite, Budget], None]]) -> None:
-        """Run each section in turn within its budget; a failure is recorded, and the next section runs."""
+    def run(self, sections: dict[str, Callable[[Suite, Budget], None]],
+            after_section: Callable[[], object] = lambda: None) -> None:
+        """Run each section in turn within its budget, then ``after_section``; a failure is recorded, and the next
+        section runs."""
         names = list(sections)
         for index, name in enumerate(names):
             later = sum(self.plan.shares.get(later_name, 0.0) for later_name in names[index + 1:])
@@ -236,6 +239,7 @@ class Suite:
                 self.report.add(f"**Section `{name}` failed**: {record.error}")
             record.seconds, record.skipped, record.failed = self.now() - start, budget.skipped, budget.failed
             print(time_line(name, record), flush=True)
+            after_section()
 
     def attempt(self, budget: Budget, what: str, kind: str, guess: float, work: Callable[[], object]):
         """Run ``work`` if its estimate (by ``kind``) fits the budget, and learn its time. None when skipped, or when
@@ -566,14 +570,17 @@ def count_reads(decoder: specdec.Decoder, prompts: torch.Tensor, new_tokens: int
             "reads_per_step": round((long_reads - short_reads) / max(long_steps - short_steps, 1), 2)}
 
 
-def study_section(suite: Suite, budget: Budget, out: Path) -> None:
+def study_section(suite: Suite, budget: Budget) -> None:
     """One short study job as a subprocess, W&B offline (``WANDB_MODE=offline``, its files in the run directory),
-    within the section's budget."""
-    out.mkdir(parents=True, exist_ok=True)
-    run_dir = Path(tempfile.mkdtemp(prefix="study-", dir=out))  # a new run: never a resumed one
+    within the section's budget. Its run directory is a new scratch directory (never a resumed run, and never the
+    output folder, whose files a GPU lease brings back only a few of); where wandb is not installed the job runs
+    with ``logger=none`` and the row says so."""
+    run_dir = Path(tempfile.mkdtemp(prefix="gpu-suite-study-"))
+    logger = "wandb" if importlib.util.find_spec("wandb") is not None else "none"
     command = [sys.executable, "-m", "experiments.run", "experiment=gpt2_xl_study", *suite.plan.study_overrides,
-               f"hydra.run.dir={run_dir}"]
-    row = {"command": " ".join(["python", *command[1:]]), "exit_code": None}
+               f"logger={logger}", f"hydra.run.dir={run_dir}"]
+    row = {"command": " ".join(["python", *command[1:]]), "logger": logger if logger == "wandb" else
+           "none (wandb is not installed)", "run_dir": str(run_dir), "exit_code": None}
     if budget.allows("the study job", suite.first_call_guess(True)):
         environment = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(run_dir), "PYTHONUNBUFFERED": "1"}
         try:
@@ -587,7 +594,7 @@ def study_section(suite: Suite, budget: Budget, out: Path) -> None:
     suite.tables["study"] = [row]
     suite.results["study_ok"] = row["exit_code"] == 0 and row.get("wandb_offline_runs", 0) > 0
     shown = {key: value for key, value in row.items() if key != "output_tail"}
-    suite.report.table("## The GPT-2 XL study preset, one job (W&B offline)", [shown],
+    suite.report.table("## The GPT-2 XL study preset, one job (W&B offline where wandb is installed)", [shown],
                        f"Last lines of its output:\n\n```\n{row.get('output_tail', '')}\n```")
 
 
@@ -608,7 +615,7 @@ SECTIONS = {
     "speculative": speculative_section,
     "embedded": embedded_section,
     "host_reads": host_reads_section,
-    "study": None,  # needs the output directory: bound in ``main``
+    "study": study_section,
     "ar_batches": ar_batches_section,
 }
 
@@ -649,15 +656,22 @@ def main(argv=None) -> dict:
     kind = device_kind(name)
     print(f"[gpu_suite] {name}: models loaded in {time.monotonic() - start:.1f} s", flush=True)
     suite.report.add(header(plan, name))
-    chosen = {section: SECTIONS[section] or (lambda s, b: study_section(s, b, out)) for section in SECTIONS
-              if section in args.sections}
+    chosen = {section: SECTIONS[section] for section in SECTIONS if section in args.sections}
+    path = out / f"gpu-{kind}.md"
     with torch.inference_mode():
-        suite.run(chosen)
-    suite.report.add(headline_table(suite))
-    suite.report.add(sections_table(suite))
+        suite.run(chosen, after_section=lambda: write(suite, path))
+    payload = write(suite, path)
+    print(f"[gpu_suite] {time.monotonic() - start:.0f} s in all; wrote {path} and its .json", flush=True)
+    return payload
+
+
+def write(suite: Suite, path: Path) -> dict:
+    """The Markdown (sections so far, then the headline and the time lines) and the JSON, written again after every
+    section, so a run stopped at its time limit still leaves what it measured."""
     payload = suite.payload()
-    suite.report.write(out / f"gpu-{kind}.md", payload)
-    print(f"[gpu_suite] {time.monotonic() - start:.0f} s in all; wrote {out}/gpu-{kind}.md and .json", flush=True)
+    report = Report()
+    report.sections = [*suite.report.sections, headline_table(suite), sections_table(suite)]
+    report.write(path, payload)
     return payload
 
 

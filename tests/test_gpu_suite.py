@@ -4,6 +4,7 @@ recorded rather than fatal."""
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import replace
 
 import pytest
@@ -178,10 +179,12 @@ def test_the_files_are_named_by_the_device_tools_kind(name, kind):
 
 
 @pytest.mark.slow
-def test_the_study_job_runs_with_wandb_offline(tmp_path):
+def test_the_study_job_runs_with_wandb_offline(tmp_path, monkeypatch):
     """One short experiment=gpt2_xl_study job (embedded pair on CPU, eager) as the suite runs it: a subprocess."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its scratch run directory
     payload = gpu_suite.main(["--smoke", "--out", str(tmp_path), "--sections", "study"])
     [row] = payload["tables"]["study"]
     assert row["exit_code"] == 0 and row["status"] == "complete" and row["wandb_offline_runs"] == 1
+    assert row["logger"] == "wandb" and row["run_dir"].startswith(str(tmp_path))
     assert row["compile"] is False and row["compile_seconds"] is None and row["speedup_mean"] > 0
     assert payload["study_ok"] is True
