@@ -14,9 +14,10 @@ Sections, in order (the most wanted first, so a short lease loses the least):
    token) and transformers' own fastest path as the peer (``hf_static``: generate() over a static cache, which
    transformers compiles itself on CUDA; ``hf_static_compiled``: its docs' recipe, torch.compile on the model's
    forward; ``hf_generate``: plain generate()).
-3. ``speculative``: our fastest path at synthetic acceptance 0.6, 0.7, 0.8 for each k (GPT-2 small drafting),
-   speedup over our fastest autoregressive path, beside the prediction from measured costs (the draft step and the
-   verification of k + 1 tokens, each compiled forward timed on its own, ``harness.cost_profile``).
+3. ``speculative``: our fastest path (``lean_compiled``) at synthetic acceptance 0.6, 0.7, 0.8 for each k (GPT-2
+   small drafting), speedup over the same path's autoregressive baseline, beside the prediction from measured costs
+   (the draft step and the verification of k + 1 tokens, each compiled forward timed on its own,
+   ``harness.cost_profile``); and the best k's tokens/s over transformers' fastest autoregressive path.
 4. ``embedded``: the shipped pair, ours (eager and compiled) vs transformers' assisted generation at the same
    algorithm, greedy, k = 4, and whether every method emitted identical tokens.
 5. ``host_reads``: host reads per step of the device step (counted as tests/test_device_step.py counts them) and of
@@ -116,25 +117,23 @@ class Plan:
     first_call_guess: dict = field(default_factory=dict)  # "compiled"/"eager" -> seconds of a first call not yet seen
 
 
-FULL = Plan(
+FULL = Plan(  # one H100 or H200: 520 s of sections, ~30 s of imports and loading, inside a 600 s device call
     device="cuda", pair="gpt2-xl-shaped", dtype="bfloat16", compile=True, threads=None, modes=tuple(AR_MODES),
-    peers=HF_PEERS, batch_sizes=(1, 8, 64), prompt_tokens=32,
-    ar_new_tokens=64, ar_rounds=3, acceptances=(0.6, 0.7, 0.8), ks=(3, 4, 5, 2, 6, 1, 7, 8), spec_prompts=4,
-    spec_new_tokens=128, cost_repeats=20, reads_new_tokens=64, embedded_dtypes=("float32", "bfloat16"), embedded_prompts=8,
-    embedded_new_tokens=64,
+    peers=HF_PEERS, batch_sizes=(1, 8, 64), prompt_tokens=32, ar_new_tokens=128, ar_rounds=3,
+    acceptances=(0.6, 0.7, 0.8), ks=(3, 4, 5, 2, 6, 1, 7, 8), spec_prompts=4, spec_new_tokens=128, cost_repeats=20,
+    reads_new_tokens=64, embedded_dtypes=("float32", "bfloat16"), embedded_prompts=8, embedded_new_tokens=64,
     study_overrides=("pair=gpt2-xl-shaped", "strategy=synthetic", "strategy.acceptance=0.7", "sampling=greedy",
                      "draft_length.k=4", "num_prompts=3", "max_new_tokens=64", "warmup=1", "dtype=bfloat16"),
     budget_seconds=520.0,
     shares={"bandwidth": 5, "ar_batch1": 170, "speculative": 150, "embedded": 60, "host_reads": 15, "study": 75,
             "ar_batches": 40},
-    first_call_guess={"compiled": 60.0, "eager": 5.0},
+    first_call_guess={"compiled": 60.0, "eager": 5.0},  # the H200's first compiled GPT-2 XL call took 44 s
 )
-SMOKE = Plan(
+SMOKE = Plan(  # CPU, tiny models, ~15 s
     device="cpu", pair="tiny", dtype="float32", compile=False, threads=1, modes=("lean_compiled", "lean", "eager"),
     peers=("hf_static", "hf_generate"), batch_sizes=(1, 2), prompt_tokens=6, ar_new_tokens=4, ar_rounds=1,
     acceptances=(0.6, 0.7, 0.8), ks=(2, 1), spec_prompts=1, spec_new_tokens=6, cost_repeats=2,
-    reads_new_tokens=24,
-    embedded_dtypes=("float32",), embedded_prompts=1, embedded_new_tokens=4,
+    reads_new_tokens=24, embedded_dtypes=("float32",), embedded_prompts=1, embedded_new_tokens=4,
     study_overrides=("pair=embedded", "device=cpu", "dtype=float32", "compile=false", "strategy=synthetic",
                      "strategy.acceptance=0.7", "sampling=greedy", "draft_length.k=2", "num_prompts=1",
                      "max_new_tokens=4", "warmup=1"),
@@ -195,7 +194,7 @@ class SectionRecord:
 
     seconds: float = 0.0
     budget_seconds: float = 0.0
-    status: str = "not run"  # "done", "failed", or "not run" (left out by --sections)
+    status: str = "started"  # then "done" or "failed"
     skipped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)  # items that raised (the section went on)
     error: str | None = None  # the section itself raised
@@ -377,7 +376,7 @@ def autoregressive_rows(suite: Suite, budget: Budget, size: int, with_peers: boo
             methods[name], tallies[name] = method, tally
     if methods:  # a few calls each, cheaper than any first call: never skipped once the first calls are paid
         time_interleaved(methods, rounds, clock, tallies)
-    rows = [ar_row(suite, name, size, tallies.get(name), methods.get(name)) for name in candidates]
+    rows = [ar_row(suite, name, size, tallies.get(name)) for name in candidates]
     reference = tallies.get("eager")
     for row, name in zip(rows, candidates):
         timed = tallies.get(name)
@@ -385,8 +384,10 @@ def autoregressive_rows(suite: Suite, budget: Budget, size: int, with_peers: boo
                                      and reference.outputs else None)
     release(*(decoder for _, decoder in candidates.values() if decoder is not None))
     suite.tables[f"ar_batch{size}"] = rows
-    note = ("`tok_s` is emitted tokens per second over the timed rounds; `first_call_s` is each method's untimed "
-            "first call (compilation included); `tokens_equal_eager`: the same greedy tokens as our eager "
+    note = ("`tok_s` is emitted tokens per second over the timed rounds, end to end (prefill, and for the device "
+            "step its two eager steps and the capture of its graph, included); `decode_tok_s` the same after each "
+            "call's first step (ours only: transformers reports no step times); `first_call_s` is each method's "
+            "untimed first call (compilation included); `tokens_equal_eager`: the same greedy tokens as our eager "
             "transformers mode (bf16 kernels may break near-ties differently: the embedded pair's fp32 check is "
             "the correctness figure).")
     suite.report.table(f"## Autoregressive, batch {size} ({plan.pair}, {plan.dtype}, {plan.prompt_tokens}-token "
@@ -413,14 +414,18 @@ def peer_methods(target: torch.nn.Module, prompts: list[list[int]], new_tokens: 
     }
 
 
-def ar_row(suite: Suite, name: str, size: int, tally, method) -> dict:
+def ar_row(suite: Suite, name: str, size: int, tally) -> dict:
+    """A method's row: tokens/s end to end and (ours, whose stats say when the first step ended) after the first
+    step, the steady state the bound is about; each beside the bound where the bandwidth was measured."""
     timed = tally is not None and tally.tokens > 0
+    decode = round(decode_rate(tally.stats), 1) if timed and tally.stats else None
     row = {"method": name, "batch": size, "tok_s": round(tally.tokens_per_s, 1) if timed else None,
-           "first_call_s": round(tally.warmup_seconds, 1) if tally else None}
+           "decode_tok_s": decode, "first_call_s": round(tally.warmup_seconds, 1) if tally else None}
     if suite.bandwidth:
         bound = size * suite.bandwidth / weight_bytes(suite.pair.target)  # every step reads every weight once
         row["bound_tok_s"] = round(bound, 1)
         row["share_of_bound"] = round(row["tok_s"] / bound, 3) if timed else None
+        row["decode_share_of_bound"] = round(decode / bound, 3) if decode else None
     if timed and tally.compilations_while_timed:
         row["compilations_while_timed"] = tally.compilations_while_timed
     return row
@@ -499,6 +504,9 @@ def headline_speculative(suite: Suite, rows: list[dict]) -> None:
     best = max(at_07, key=lambda row: row["speedup"])
     suite.results.update(spec_speedup_a07_best=best["speedup"], spec_speedup_a07_best_k=best["k"],
                          spec_measured_over_predicted_a07=best["measured_over_predicted"])
+    hf_best = suite.results["hf_best_ar_batch1_tok_s"]  # the same prompt and output lengths, batch 1
+    if hf_best:
+        suite.results["spec_a07_best_over_hf_best_ar"] = round(best["spec_tok_s"] / hf_best, 3)
 
 
 def embedded_section(suite: Suite, budget: Budget) -> None:
@@ -684,8 +692,8 @@ def header(plan: Plan, name: str) -> str:
 
 
 def headline_table(suite: Suite) -> str:
-    rows = [{"key": key, "value": suite.results.get(key)} for key in (*HEADLINE_KEYS, "host_reads_per_step",
-                                                                      "study_ok")]
+    rows = [{"key": key, "value": suite.results.get(key)} for key in (*HEADLINE_KEYS, "spec_a07_best_over_hf_best_ar",
+                                                                      "host_reads_per_step", "study_ok")]
     fastest = f"; our fastest autoregressive mode at batch 1: `{suite.fastest_ar}`" if suite.fastest_ar else ""
     return f"## Headline figures (null: not measured)\n\n{markdown(rows)}\n\n(Targets in issue 24{fastest}.)"
 
