@@ -652,7 +652,7 @@ def main(argv=None) -> dict:
     if plan.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("the GPU suite needs CUDA (torch sees no GPU); --smoke runs it on CPU")
     out = Path(args.out) if args.out else (default_out_dir("gpu_suite") if args.smoke else REPO / "docs" / "bench")
-    torch._dynamo.config.recompile_limit = 64  # one compiled forward meets many shapes here (batch sizes, k + 1)
+    allow_many_shapes()
     if plan.threads:
         torch.set_num_threads(plan.threads)
     suite = Suite(plan)
@@ -681,6 +681,14 @@ def write(suite: Suite, path: Path) -> dict:
     report.sections = [*suite.report.sections, headline_table(suite), sections_table(suite)]
     report.write(path, payload)
     return payload
+
+
+def allow_many_shapes() -> None:
+    """One compiled forward meets many shapes here (three batch sizes, k + 1 for eight k): past dynamo's limit of
+    recompilations (8 by default) it would fall back to eager silently. (``cache_size_limit`` is its older name.)"""
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
 
 
 def header(plan: Plan, name: str) -> str:
