@@ -1,5 +1,6 @@
-"""What every bench shares: the pair and its prompts, the interleaved run, transformers at its best, the cost
-profile and the predictions from it, the argument checks, and the tables.
+"""What every bench shares: the pair and its prompts, the interleaved run, transformers at its best (assisted, and
+its static-cache autoregressive path), the cost profile and the predictions from it, a counter of host reads, the
+argument checks, and the tables.
 
 The measuring rules, kept here once: every method runs in one process, after an untimed warm-up; the methods are
 interleaved per prompt, the order rotating, so a machine whose speed drifts moves them all alike; the device is
@@ -163,12 +164,23 @@ def run_interleaved(methods: dict, batches: list, clock: Clock, timed_models: tu
     """Run every method on every batch, the order rotating per batch, after a warm-up (``warmup_batches``), so no
     compilation falls in the timed calls (``compilations_while_timed`` counts any that still do). The forwards of
     ``timed_models`` are timed inside eager methods' calls, for their overhead; elsewhere it is NaN."""
-    tallies = {name: Tally() for name in methods}
-    for name, method in methods.items():
-        start = clock.now()
-        for index, batch in enumerate(warmup_batches(method, batches)):
-            method.decode(batch, index)
-        tallies[name].warmup_seconds = clock.now() - start
+    tallies = {name: warm_up(method, batches, clock) for name, method in methods.items()}
+    return time_interleaved(methods, batches, clock, tallies, timed_models)
+
+
+def warm_up(method: Method, batches: list, clock: Clock) -> Tally:
+    """A method's untimed warm-up calls (``warmup_batches``), their seconds in a new tally."""
+    tally = Tally()
+    start = clock.now()
+    for index, batch in enumerate(warmup_batches(method, batches)):
+        method.decode(batch, index)
+    tally.warmup_seconds = clock.now() - start
+    return tally
+
+
+def time_interleaved(methods: dict, batches: list, clock: Clock, tallies: dict, timed_models: tuple = ()) -> dict:
+    """The timed part of ``run_interleaved``, for methods already warmed up (``tallies`` from ``warm_up``, one per
+    method): every method on every batch, the order rotating per batch."""
     compiled_before = compilations()
     for index, batch in enumerate(batches):
         for name in rotation(list(methods), index):
@@ -195,10 +207,11 @@ def time_call(method: Method, batch, index: int, clock: Clock, timed_models: tup
 
 
 def compilations() -> int:
-    """Frames torch.compile has compiled in this process so far (dynamo's own counter)."""
+    """Graphs torch.compile has compiled in this process so far (dynamo's own counter). Its per-frame counter
+    (``frames/ok``) misses the lean forward's compilations in torch 2.13; ``unique_graphs`` counts every one."""
     from torch._dynamo.utils import counters  # imported on use: loading dynamo costs a second
 
-    return counters["frames"]["ok"]
+    return counters["stats"]["unique_graphs"]
 
 
 # --- transformers -----------------------------------------------------------------------------------------------
@@ -243,6 +256,33 @@ def transformers_generate(target: torch.nn.Module, draft: torch.nn.Module, batch
     out = target.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=eos_token_id or 0, **length,
                           **sampling, **assistant, **transformers_best_options(target))
     return Decoded([out[0, ids.shape[1]:].tolist()])
+
+
+def compile_forward(model: torch.nn.Module) -> Callable:
+    """The model's forward through torch.compile as transformers' docs prescribe for its fastest decoding (LLM
+    inference optimization: static cache and torch.compile): ``mode="reduce-overhead", fullgraph=True``."""
+    return torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+
+
+def transformers_static_generate(target: torch.nn.Module, batch: list[list[int]], max_new_tokens: int,
+                                 compiled_forward: Callable | None = None) -> Decoded:
+    """transformers' own fastest autoregressive decoding of a batch of equal-length prompts, greedy, EOS ignored:
+    ``generate(cache_implementation="static")``, which transformers 5 compiles by itself on CUDA. With
+    ``compiled_forward`` (``compile_forward(target)``) the docs' recipe instead: the model's forward replaced by the
+    compiled one and generate's own compilation off. The replacement lasts this call only, so every other method
+    that runs the same model object runs its plain forward."""
+    ids = torch.tensor(batch, device=target.device)  # [B, T]
+    options = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                   min_new_tokens=max_new_tokens, pad_token_id=0, cache_implementation="static")
+    if compiled_forward is None:
+        out = target.generate(ids, **options)
+    else:
+        target.forward = compiled_forward
+        try:
+            out = target.generate(ids, disable_compile=True, **options)
+        finally:
+            del target.forward  # the class's forward again
+    return Decoded(out[:, ids.shape[1]:].tolist())
 
 
 def transformers_configuration(target: torch.nn.Module, names: Iterable[str]) -> str:
@@ -306,6 +346,35 @@ def measured_cost_speedup(alpha: float, k: int, costs: CostProfile) -> float:
     target step per verification: E * T(1) / (k T_draft + T_verify(k+1)). Unitless, whatever the costs' unit."""
     expected_tokens = specdec.predicted_speedup(alpha, k, 0.0)  # at c = 0 the formula is E itself
     return expected_tokens * costs.target_step / (k * costs.draft_step + costs.verify(k))
+
+
+# --- host reads -------------------------------------------------------------------------------------------------
+
+
+class HostReads:
+    """While active (``with HostReads() as reads``), counts the ways the host reads a tensor's values: item,
+    tolist, bool, int, float and index, as tests/test_device_step.py counts them."""
+
+    METHODS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self):
+        self.count = 0
+        self.originals = {name: getattr(torch.Tensor, name) for name in self.METHODS}
+
+    def __enter__(self) -> HostReads:
+        for name, original in self.originals.items():
+            setattr(torch.Tensor, name, self.counting(original))
+        return self
+
+    def __exit__(self, *_) -> None:
+        for name, original in self.originals.items():
+            setattr(torch.Tensor, name, original)
+
+    def counting(self, original: Callable) -> Callable:
+        def counted(tensor, *args):
+            self.count += 1
+            return original(tensor, *args)
+        return counted
 
 
 # --- argument checks: one line naming the value and what is allowed, before any model loads ----------------------

@@ -31,6 +31,7 @@ from tqdm import tqdm
 import specdec
 from experiments import rundir
 from experiments.config_checks import ConfigError, one_line, validate
+from experiments.harness import compilations
 from experiments.concurrency import LiveJobs, host_name, live_jobs_dir
 from specdec.batching import left_pad
 from specdec.stats import DecodeStats
@@ -145,13 +146,20 @@ def run_in(out_dir: Path, note: str | None, cfg: DictConfig, job: Job, setting: 
                 decode_prompts(cfg, setting, todo, out_dir, done_rows, len(prompts), logger, live_jobs, after_row)
         rows = read_rows(out_dir)
         summary = {"status": "complete", **identity(rows[0]), "batch_size": cfg.batch_size,
-                   **rundir.summarize(rows)}
+                   "compile_seconds": run_compile_seconds(rows), **rundir.summarize(rows)}
         rundir.write_json(out_dir / SUMMARY, summary)
         print(rundir.format_table(summary, title(rows[0], len(rows), out_dir)))
         failed = False
     finally:
         logger.finish(read_rows(out_dir), summary if not failed else {"status": "failed"}, failed)
     return summary
+
+
+def run_compile_seconds(rows: list[dict]) -> float | None:
+    """The summary's ``compile_seconds``: the longest warm-up among the rows (a resumed run warmed up once per
+    process); None for an eager run."""
+    values = [row.get("compile_seconds") for row in rows]
+    return max((value for value in values if isinstance(value, (int, float))), default=None)
 
 
 def resolved(cfg: DictConfig) -> dict:
@@ -281,10 +289,9 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
     def generate(decoder, input_ids, mask):
         return decoder.generate(input_ids, mask, cfg.max_new_tokens, eos, cfg.seed)
 
-    input_ids, mask = encode(tokenizer, [p.text for p in batches[0]], device)
-    for _ in range(cfg.warmup):
-        generate(baseline, input_ids, mask)
-        generate(speculative, input_ids, mask)
+    compile_seconds = warm_up(cfg, (baseline, speculative), [encode(tokenizer, [p.text for p in batch], device)
+                                                            for batch in batches], device)
+    compiled_before = compilations()
 
     writer = rundir.RowWriter(out_dir)
     all_rows = list(done_rows)
@@ -304,7 +311,8 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
             condition = Condition(host_name(), most_jobs(jobs_before, live_jobs.count()))
             for row_index, prompt in enumerate(batch):
                 row = make_row(setting, condition, prompt, int(mask[row_index].sum()), row_index, len(batch),
-                               spec_out.stats, base_out.stats, tree=speculative.drafter.drafts_trees).to_json()
+                               spec_out.stats, base_out.stats, speculative.drafter.drafts_trees,
+                               compile_seconds).to_json()
                 writer.write(row)
                 all_rows.append(row)
                 logger.log_row(row, len(all_rows) - 1)
@@ -315,6 +323,34 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
     finally:
         progress.close()
         writer.close()
+    if cfg.compile and compilations() > compiled_before:
+        print(f"warning: {compilations() - compiled_before} compilation(s) happened while prompts were timed (a shape "
+              f"the warm-up did not meet): those prompts' timings include them", file=sys.stderr)
+
+
+def warm_up(cfg, decoders: tuple, encoded: list[tuple[torch.Tensor, torch.Tensor]], device) -> float | None:
+    """``cfg.warmup`` untimed rounds, each decoding with every decoder the widest batch of each batch size in the
+    run, EOS ignored, so a compiled decoder compiles before timing every shape it will meet: each batch size, caches
+    sized for the longest prompt (later calls reuse them), and every draft length the loop takes near the end of
+    ``max_new_tokens``. Returns the warm-up's seconds for a compiled run (where its compilations happen: reported
+    apart from decode time as ``compile_seconds``), None for an eager one."""
+    widest = {}
+    for input_ids, mask in encoded:  # [B, T] each
+        batch_size = input_ids.shape[0]
+        if batch_size not in widest or input_ids.shape[1] > widest[batch_size][0].shape[1]:
+            widest[batch_size] = (input_ids, mask)
+    clock = specdec.Clock(device)
+    start = clock.now()
+    for _ in range(cfg.warmup):
+        for input_ids, mask in widest.values():
+            for decoder in decoders:
+                decoder.generate(input_ids, mask, cfg.max_new_tokens, None, cfg.seed)
+    if not cfg.compile:
+        return None
+    if not cfg.warmup:
+        print("warning: compile=true with warmup=0: the first prompts' timings include compilation",
+              file=sys.stderr)
+    return clock.now() - start
 
 
 def most_jobs(before: int | None, after: int | None) -> int | None:
@@ -338,14 +374,15 @@ def generate_or_explain(generate, decoder, input_ids, mask, batch):
 
 
 def make_row(setting: Setting, condition: Condition, prompt, prompt_tokens: int, i: int, batch_size: int,
-             spec: DecodeStats, base: DecodeStats, tree: bool = False) -> Row:
-    """The row (docs/results-schema.md) of row ``i`` of a batch of ``batch_size`` that both decoders ran."""
+             spec: DecodeStats, base: DecodeStats, tree: bool = False, compile_seconds: float | None = None) -> Row:
+    """The row (docs/results-schema.md) of row ``i`` of a batch of ``batch_size`` that both decoders ran;
+    ``compile_seconds``: the run's warm-up (``warm_up``)."""
     return Row(
         identity=replace(setting.identity, batch_size=batch_size),
         options=setting.options,
         condition=condition,
         prompt=PromptColumns(prompt_id=str(prompt.id), prompt_hash=prompt.hash, prompt_tokens=prompt_tokens),
-        metrics=Metrics.measure(spec, base, i, setting.identity.k, tree),
+        metrics=Metrics.measure(spec, base, i, setting.identity.k, tree, compile_seconds),
     )
 
 

@@ -133,11 +133,16 @@ class Metrics:
     itl_seconds: float = column("mean time per token after the first step, speculative run (batch)")
     baseline_ttft_seconds: float = column("ttft_seconds of the baseline run (batch)")
     baseline_itl_seconds: float = column("itl_seconds of the baseline run (batch)")
+    compile_seconds: float | None = column(
+        "wall time of the run's untimed warm-up, where a compiled run (`compile=true`) compiles every shape it "
+        "decodes, apart from the timings above (run); null for an eager run")
 
     @classmethod
-    def measure(cls, spec: DecodeStats, base: DecodeStats, row: int, k: int, tree: bool) -> Metrics:
+    def measure(cls, spec: DecodeStats, base: DecodeStats, row: int, k: int, tree: bool,
+                compile_seconds: float | None = None) -> Metrics:
         """Row ``row`` of a batch that both decoders ran: its own counts, the batch's timings (specdec.stats's
-        definitions). Leviathan's predicted speedup is for chains, so a token tree (``tree``) gets none."""
+        definitions). Leviathan's predicted speedup is for chains, so a token tree (``tree``) gets none.
+        ``compile_seconds``: the run's warm-up, where it compiled (None: eager)."""
         counts = spec.rows[row]
         acceptance, cost_ratio = counts.acceptance_rate, spec.cost_ratio
         chain_prediction = not tree and math.isfinite(acceptance) and math.isfinite(cost_ratio)
@@ -166,6 +171,7 @@ class Metrics:
             itl_seconds=spec.itl_seconds,
             baseline_ttft_seconds=base.ttft_seconds,
             baseline_itl_seconds=base.itl_seconds,
+            compile_seconds=compile_seconds,
         )
 
 

@@ -103,6 +103,26 @@ def test_rows_hold_the_schemas_metrics_and_documented_settings(tiny, tmp_path):
     assert others and all(column.startswith(("strategy_", "draft_length_", "drafter_")) for column in others), others
 
 
+def test_an_eager_run_reports_no_compile_time(tiny, tmp_path):
+    run_dir = tmp_path / "run"
+    summary = runner.run(*compose_run(tiny_overrides(tiny, num_prompts=1, max_new_tokens=4, warmup=1), run_dir))
+    assert [row["compile_seconds"] for row in rows_of(run_dir)] == [None] and summary["compile_seconds"] is None
+
+
+@pytest.mark.slow
+def test_a_compiled_run_compiles_in_its_warm_up_and_reports_it_apart(tiny, tmp_path, capsys):
+    """Batches of 2 then 1 (a batch shape the first batch never shows): the warm-up decodes the widest batch of each
+    size to the end, so no prompt's timing includes a compilation; every row and the summary carry its seconds."""
+    run_dir = tmp_path / "run"
+    overrides = [*tiny_overrides(tiny, num_prompts=3, batch_size=2, max_new_tokens=6, warmup=1), "compile=true"]
+    summary = runner.run(*compose_run(overrides, run_dir))
+    rows = rows_of(run_dir)
+    assert len(rows) == 3 and all(row["compile"] is True for row in rows)
+    assert len({row["compile_seconds"] for row in rows}) == 1 and rows[0]["compile_seconds"] > 0
+    assert summary["compile_seconds"] == rows[0]["compile_seconds"]
+    assert "while prompts were timed" not in capsys.readouterr().err
+
+
 def test_default_config_on_the_embedded_pair(tmp_path, monkeypatch, capsys):
     """The shipped pair and prompts, everything else default but the size."""
     run_dir = tmp_path / "run"
