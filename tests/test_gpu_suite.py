@@ -366,9 +366,6 @@ def test_replayed_device_steps_emit_the_host_loops_greedy_tokens(graph_semantics
     assert outputs["device"].stats.emitted == outputs["host"].stats.emitted
 
 
-@pytest.mark.xfail(strict=True, reason="LeanCache.feed rebinds region_count (specdec/cache.py) during the capture, so "
-                                       "the graph reads the previous step's tensor, which a CUDA run frees: zeros "
-                                       "only until the allocator hands its block out again (reported to the lead)")
 @pytest.mark.parametrize("drafted", [True, False], ids=["model-drafter", "baseline"])
 def test_a_captured_step_reads_no_tensor_the_run_let_go_of(graph_semantics, drafted):
     replayed_and_host_outputs(drafted)
