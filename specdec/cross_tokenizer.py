@@ -16,6 +16,8 @@ token bridge (``specdec.token_bridge``) moves text between the two vocabularies.
   (the draft's filtered distribution lies wholly on tokens the target lacks) proposes a point mass at the shared
   token with the highest draft logit, a deterministic choice given the history: the rule is exact on point
   masses too. Drafts are one target token per draft forward, with no host read until the verdict.
+  The loop's stop hook (EOS, a policy that ``stops_drafts``) is asked after each drafted target token here;
+  the temperature-0 rounds ignore it (the draft's EOS ends a row's text there).
 - **The same tokenizer on both sides** (same vocabulary and special tokens, same logit width;
   ``translate="auto"``): ids mean the same on both sides, so this is exactly a ``ModelDrafter`` (every token,
   EOS and byte fragments included, at any temperature; its device step too). ``translate="text"`` forces the
@@ -169,7 +171,7 @@ class CrossTokenizerDrafter(ModelDrafter):
         draft_ids = [self.prefix[:r.keep] + r.feed for r in resyncs]
         self.rows = TextRows(target_ids, [span.end for span in spans], [self.started(row, i) for i, row in
                              enumerate(draft_ids)], [0] * batch_size, [True] * batch_size)
-        self.live: torch.Tensor | None = None
+        self.live = None
         self.proposed = input_ids[:, :0]
         self.num_forwards = 0
         self.prefill(input_ids.device)
@@ -363,8 +365,8 @@ class CrossTokenizerDrafter(ModelDrafter):
     def keep_and_queue(self, num_kept: list[int], queued_before: list[int]) -> None:
         """The one rollback: each row keeps its first ``num_kept`` fed tokens; its unkept tokens are queued."""
         rows, device = self.rows, self.context.queue.device
-        fed_width = self.context.queue_fed
-        max_kept = max(fed_width - queued + kept for queued, kept in zip(queued_before, num_kept))
+        fed_width = self.context.queue_fed  # the queue's columns, if fed this step (then its rows' real tokens end it)
+        max_kept = max(max(fed_width - queued + kept for queued, kept in zip(queued_before, num_kept)), 0)
         queue, valid = left_padded([ids[n:] for ids, n in zip(rows.draft_ids, rows.cached)], device)
         self.context.keep_prefix(torch.tensor(num_kept, device=device), max_kept, queue, valid)
 
