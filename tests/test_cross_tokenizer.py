@@ -137,6 +137,18 @@ def test_the_text_path_with_one_tokenizer_keeps_every_draft_of_the_same_model(to
     assert out.stats.acceptance_rate == 1.0
 
 
+def test_a_prompt_without_text_starts_the_draft_from_its_bos(tokenizers, storytellers):
+    """A prompt of special tokens only has no text: the draft's context starts from its own BOS/EOS token."""
+    draft_tok, target_tok = tokenizers["byte_level"], tokenizers["metaspace"]
+    target, eos = storytellers["metaspace"], target_tok.eos_token_id
+    prompts = [[target_tok.bos_token_id], encode(target_tok, STORY)[:5]]
+    drafter = CrossTokenizerDrafter(storytellers["byte_level"], draft_tok, target_tok)
+    out = greedy_run(target, drafter, prompts, None)
+    assert out.tokens == [hf_greedy(target, prompt, NEW_TOKENS) for prompt in prompts]
+    drafter.start(*left_pad(prompts))
+    assert drafter.rows.draft_ids[0] == [draft_tok.eos_token_id]  # the byte-level tokenizer has no BOS: its EOS
+
+
 def rewrite_case(tokenizer, reach: int) -> int:
     """The first cut of STORY after which one more character makes the tokenizer's encoding change its last
     ``reach`` tokens ("Hello wor" + "l" rewriting " w", "or")."""
@@ -195,21 +207,22 @@ def embedded_prompts(tokenizer, count: int) -> list[list[int]]:
     return [tokenizer(json.loads(line)["text"])["input_ids"] for line in lines]
 
 
-def decode_all(pair, drafter, prompts, temperature: float) -> tuple[list[list[int]], tuple[int, int, int]]:
+def decode_all(pair, drafter, prompts, temperature: float, step: str = "host"
+               ) -> tuple[list[list[int]], tuple[int, int, int]]:
     decoder = specdec.Decoder(pair.target, drafter, specdec.Speculative(), specdec.FixedLength(4),
-                              specdec.SamplingConfig(temperature))
+                              specdec.SamplingConfig(temperature), step=step)
     ids, mask = left_pad(prompts)
     out = decoder.generate(ids, mask, max_new_tokens=24, eos_token_id=pair.tokenizer.eos_token_id, seed=3)
     return out.tokens, (out.stats.drafted, out.stats.accepted, out.stats.target_calls)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_with_one_tokenizer_it_drafts_exactly_as_the_model_drafter(embedded, temperature):
+@pytest.mark.parametrize("temperature, step", [(0.0, "host"), (1.0, "host"), (0.0, "device")])
+def test_with_one_tokenizer_it_drafts_exactly_as_the_model_drafter(embedded, temperature, step):
     prompts = embedded_prompts(embedded.tokenizer, 6)
-    plain = decode_all(embedded, specdec.ModelDrafter(embedded.draft), prompts, temperature)
+    plain = decode_all(embedded, specdec.ModelDrafter(embedded.draft), prompts, temperature, step)
     drafter = CrossTokenizerDrafter.from_pair(embedded)
     assert drafter.bridge is None and drafter.drafts_on_device
-    assert decode_all(embedded, drafter, prompts, temperature) == plain  # tokens, drafted, accepted, target calls
+    assert decode_all(embedded, drafter, prompts, temperature, step) == plain  # tokens, D, A, target calls
 
 
 def test_through_text_the_embedded_pair_keeps_as_many_drafts_as_the_model_drafter(embedded):
