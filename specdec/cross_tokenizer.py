@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.cache import check_runner_options, context_limit, static_capacity
+from specdec.checks import model_device
 from specdec.context import CachedContext
 from specdec.drafters import DRAFT_ROOM_GUESS, ModelDrafter
 from specdec.interfaces import StopHook
@@ -153,6 +154,21 @@ class CrossTokenizerDrafter(ModelDrafter):
     @property
     def drafts_on_device(self) -> bool:
         return self.bridge is None and super().drafts_on_device
+
+    def check_target(self, target: torch.nn.Module) -> None:
+        """Across tokenizers its proposals (and q') span the target vocabulary the bridge was built for, which must
+        be the target model's logit width; with shared ids, a ``ModelDrafter``'s check."""
+        if self.bridge is None:
+            super().check_target(target)
+            return
+        if target.config.vocab_size != self.bridge.target_vocab_size:
+            raise ValueError(f"the target has vocab_size={target.config.vocab_size} but this drafter was built for "
+                             f"{self.bridge.target_vocab_size} target tokens; pass "
+                             f"target_vocab_size=target.config.vocab_size (from_pair does)")
+        draft_device, target_device = model_device(self.model), model_device(target)
+        if draft_device != target_device:
+            raise ValueError(f"the {self.label} model is on {draft_device} but the target on {target_device}; put "
+                             f"both on one device")
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
         """Encode each row's prompt text for the draft and queue it whole."""

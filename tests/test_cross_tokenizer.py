@@ -342,6 +342,14 @@ def test_compiled_drafts_need_one_tokenizer(tokenizers, storytellers):
                               compile=True)
 
 
+def test_a_target_wider_than_the_bridge_is_refused_by_the_decoder(tokenizers, storytellers):
+    drafter = CrossTokenizerDrafter(storytellers["byte_level"], tokenizers["byte_level"], tokenizers["metaspace"])
+    wider = bigram_model(tokenizers["byte_level"], [])  # 400 logits where the metaspace bridge has 300 tokens
+    with pytest.raises(ValueError, match="the target has vocab_size=400 but this drafter was built for 300 target "
+                                         "tokens; pass target_vocab_size"):
+        specdec.Decoder(wider, drafter)
+
+
 @pytest.fixture(scope="module")
 def cross_dirs(tokenizers, tmp_path_factory) -> dict:
     """A saved tiny pair whose draft (metaspace, 300 tokens) and target (byte-level, 400) differ in tokenizer."""
