@@ -8,8 +8,9 @@ Every problem is one ``ConfigError`` whose message is one line: the key, the val
   and a constructor's error becomes the ConfigError. A drafter is built by its factory
   (``_target_: specdec.ModelDrafter.from_pair``), whose ``check_options`` runs here and whose ``from_pair`` runs
   once the pair is loaded.
-- The pair's arguments are checked, and its tokenizer and context read, without its weights
-  (``specdec.models.plan_pair``): a ``max_new_tokens`` or a prompt beyond the context fails here too.
+- The pair's arguments are checked, and its tokenizers and context read, without its weights
+  (``specdec.models.plan_pair``): a ``max_new_tokens`` or a prompt beyond the context fails here too, and so does
+  a pair with two tokenizers (``pair.cross_tokenizer=true``) for a drafter other than ``cross_tokenizer``.
 - ``CheckLaunch``, a Hydra callback, checks the Hydra keys (run and sweep directories, the launcher's limits)
   before any job starts.
 A setting that is valid but meaningless in a sweep (greedy verification while sampling) is not an error:
@@ -250,13 +251,21 @@ def explain(group: str, node: DictConfig, err: BaseException) -> str:
 
 
 def check_pair(cfg: DictConfig) -> PairPlan:
-    """The pair's arguments checked, and its tokenizer and context read, without loading its weights."""
+    """The pair's arguments checked, and its tokenizers and context read, without loading its weights; a pair whose
+    tokenizers differ (``pair.cross_tokenizer=true``) needs the drafter that drafts across them."""
     options = {key: value for key, value in OmegaConf.to_container(cfg.pair, resolve=True).items()
                if not key.startswith("_")}
     try:
-        return plan_pair(**options)
+        plan = plan_pair(**options)
     except (ValueError, TypeError, ModelUnavailableError) as err:
         raise ConfigError(explain("pair", cfg.pair, err)) from None
+    if not plan.shares_tokenizer:
+        drafter = drafter_class(cfg, instantiate(cfg.drafter, _convert_="all"))
+        if not issubclass(drafter, specdec.CrossTokenizerDrafter):
+            raise ConfigError(f"pair.cross_tokenizer=true: the pair's tokenizers differ ({len(plan.draft_tokenizer)} "
+                              f"vs {len(plan.tokenizer)} tokens), and only drafter=cross_tokenizer drafts across "
+                              f"them; got drafter._target_={cfg.drafter._target_!r}")
+    return plan
 
 
 def check_lengths(cfg: DictConfig, max_k: int, plan: PairPlan) -> None:

@@ -10,6 +10,7 @@ from specdec.api import generate
 from specdec.batching import left_pad
 from specdec.api import Decoder
 from specdec.emit import GenerationOutput, NonFiniteLogitsError, StrategyVerdictError
+from specdec.cross_tokenizer import CrossTokenizerDrafter
 from specdec.drafters import ModelDrafter, NoDrafter, TreeDrafter
 from specdec.early_exit import EarlyExitDrafter
 from specdec.models import ModelPair, ModelUnavailableError, load_pair, resolve_device, resolve_dtype
@@ -43,6 +44,7 @@ __all__ = [
     "ModelDrafter",
     "NoDrafter",
     "TreeDrafter",
+    "CrossTokenizerDrafter",
     "NGramDrafter",
     "EarlyExitDrafter",
     "DraftLengthPolicy",

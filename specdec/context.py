@@ -139,3 +139,19 @@ class CachedContext:
         self.cache.select_rows(index)
         self.queue = self.queue[index]
         self.queue_valid = None if self.queue_valid is None else self.queue_valid[index]
+
+    def keep_prefix(self, num_kept: torch.Tensor, max_kept: int, queue: torch.Tensor,
+                    queue_valid: torch.Tensor | None) -> None:
+        """End the step of a context re-encoded from text (``specdec.cross_tokenizer``): each row keeps the first
+        ``num_kept`` [B] real tokens it fed this step (its queued ones, which end the queue after its left
+        padding, then its nodes, all real in a row that keeps any), and the queue becomes ``queue`` [B, m]
+        (``queue_valid`` [B, m] 0 on left padding, None where all is real) in place of what was queued.
+        ``max_kept`` (host): no row keeps a fed column at or past it."""
+        fed = self.queue_fed + self.fed_nodes
+        if fed:
+            first_real = (self.queue_fed - self.queue_count).unsqueeze(1)  # [B, 1] after the queue's left padding
+            columns = torch.arange(fed, device=num_kept.device)  # [R]
+            kept = (columns >= first_real) & (columns < first_real + num_kept.unsqueeze(1))  # [B, R]
+            self.cache.keep(kept, prefix=True, max_kept=max_kept)
+        self.replace_queue(queue, queue_valid, in_place=False)
+        self.start_step()

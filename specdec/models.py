@@ -1,8 +1,9 @@
 """Draft/target model pairs: presets, device and dtype resolution, shared-tokenizer checks.
 
-``plan_pair`` checks a pair's arguments and reads what is known without the weights (the tokenizer, the context
+``plan_pair`` checks a pair's arguments and reads what is known without the weights (the tokenizers, the context
 from the config files), so that callers can refuse bad input before the slow part; ``load_pair`` then loads the
-models. Every error is one line naming the argument.
+models. Every error is one line naming the argument. A pair shares one tokenizer unless ``cross_tokenizer=True``
+(for ``specdec.CrossTokenizerDrafter``), which lets the draft's tokenizer and vocabulary differ.
 """
 import json
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ PRESETS = ["embedded", *HUB_PRESETS, *SHAPED_PRESETS]
 DEVICES = ["auto", "cpu", "cuda", "mps"]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 OFFLINE_HINT = "the 'embedded' pair shipped with specdec loads offline"
+CROSS_HINT = ("to draft across tokenizers use specdec.CrossTokenizerDrafter with load_pair(..., cross_tokenizer=True) "
+              "(the CLI: drafter=cross_tokenizer pair.cross_tokenizer=true)")
 
 
 class ModelUnavailableError(RuntimeError):
@@ -54,8 +57,17 @@ class PairSpec:
 class ModelPair:
     draft: PreTrainedModel
     target: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase  # the target's (prompts are encoded with it)
     name: str
+    draft_tokenizer: PreTrainedTokenizerBase | None = None  # the draft's; None: the same as the target's
+
+    def __post_init__(self) -> None:
+        if self.draft_tokenizer is None:
+            self.draft_tokenizer = self.tokenizer
+
+    @property
+    def shares_tokenizer(self) -> bool:
+        return self.draft_tokenizer is self.tokenizer
 
     def __iter__(self):
         """Allows `draft, target, tokenizer = load_pair(...)`."""
@@ -69,8 +81,13 @@ class PairPlan:
     spec: PairSpec | None  # where the models come from; None for a ``*-shaped`` preset (random weights)
     device: torch.device
     dtype: torch.dtype
-    tokenizer: PreTrainedTokenizerBase  # left padding, pad = eos when it has none
+    tokenizer: PreTrainedTokenizerBase  # the target's: left padding, pad = eos when it has none
     context_limit: int | None  # positions both models attend over (the smaller), None if their configs do not say
+    draft_tokenizer: PreTrainedTokenizerBase | None = None  # where it differs (cross_tokenizer); None: the same
+
+    @property
+    def shares_tokenizer(self) -> bool:
+        return self.draft_tokenizer is None
 
 
 def resolve_pair_ids(preset: str | None, draft: str | None = None, target: str | None = None) -> PairSpec:
@@ -205,10 +222,12 @@ def check_same_tokenizer(draft_tok: PreTrainedTokenizerBase, target_tok: PreTrai
     if draft_vocab != target_vocab:
         differ = len(set(draft_vocab.items()) ^ set(target_vocab.items()))
         raise ValueError(f"draft {spec.draft_tokenizer!r} and target {spec.target_tokenizer!r} tokenizers differ: "
-                         f"vocab sizes {len(draft_vocab)} vs {len(target_vocab)}, {differ} differing entries")
+                         f"vocab sizes {len(draft_vocab)} vs {len(target_vocab)}, {differ} differing entries; "
+                         f"{CROSS_HINT}")
     if special_ids(draft_tok) != special_ids(target_tok):
         raise ValueError(f"draft {spec.draft_tokenizer!r} and target {spec.target_tokenizer!r} tokenizers have "
-                         f"different special tokens: {special_ids(draft_tok)} vs {special_ids(target_tok)}")
+                         f"different special tokens: {special_ids(draft_tok)} vs {special_ids(target_tok)}; "
+                         f"{CROSS_HINT}")
 
 
 def gpt2_tokenizer() -> PreTrainedTokenizerBase:
@@ -238,26 +257,65 @@ def load_shaped_pair(preset: str, tokenizer: PreTrainedTokenizerBase, device: to
 
 
 def plan_pair(preset: str | None = "embedded", *, draft: str | None = None, target: str | None = None,
-              device: str = "auto", dtype: str = "auto") -> PairPlan:
-    """Check ``load_pair``'s arguments and read what is known without the weights: the shared tokenizer and the
-    context limit, from the config files. Loads no model, so bad input fails in seconds, in one line."""
+              draft_tokenizer: str | None = None, target_tokenizer: str | None = None,
+              cross_tokenizer: bool = False, device: str = "auto", dtype: str = "auto") -> PairPlan:
+    """Check ``load_pair``'s arguments and read what is known without the weights: the tokenizers and the context
+    limit, from the config files. Loads no model, so bad input fails in seconds, in one line."""
+    if not isinstance(cross_tokenizer, bool):
+        raise TypeError(f"cross_tokenizer must be True or False, got {cross_tokenizer!r}")
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    tokenizer_sources = {"draft_tokenizer": draft_tokenizer, "target_tokenizer": target_tokenizer}
     if preset in SHAPED_PRESETS and draft is None and target is None:
+        given = [name for name, source in tokenizer_sources.items() if source is not None]
+        if given:
+            raise ValueError(f"preset {preset!r} uses GPT-2's tokenizer and takes no {given[0]}=")
         draft_size, target_size = SHAPED_PRESETS[preset]
         configs = GPT2Config(**GPT2_SHAPES[draft_size]), GPT2Config(**GPT2_SHAPES[target_size])
         tokenizer = gpt2_tokenizer()
         return PairPlan(preset, None, torch_device, torch_dtype, left_padded(tokenizer), pair_context_limit(*configs))
-    spec = resolve_pair_ids(preset, draft, target)
+    for name, source in tokenizer_sources.items():
+        if source is not None:
+            check_tokenizer_source(name, source)
+    spec = with_tokenizers(resolve_pair_ids(preset, draft, target), draft_tokenizer, target_tokenizer)
     draft_config, target_config = load_config(spec.draft), load_config(spec.target)
-    if draft_config.vocab_size != target_config.vocab_size:
+    if draft_config.vocab_size != target_config.vocab_size and not cross_tokenizer:
         raise ValueError(f"draft {spec.draft!r} and target {spec.target!r} have different vocab_size: "
-                         f"{draft_config.vocab_size} vs {target_config.vocab_size}")
+                         f"{draft_config.vocab_size} vs {target_config.vocab_size}; {CROSS_HINT}")
     tokenizer = load_tokenizer(spec.target_tokenizer)
+    draft_tok = None
     if spec.draft_tokenizer != spec.target_tokenizer:
-        check_same_tokenizer(load_tokenizer(spec.draft_tokenizer), tokenizer, spec)
+        draft_tok = load_tokenizer(spec.draft_tokenizer)
+        if not cross_tokenizer:
+            check_same_tokenizer(draft_tok, tokenizer, spec)
+            draft_tok = None
     return PairPlan(spec.name, spec, torch_device, torch_dtype, left_padded(tokenizer),
-                    pair_context_limit(draft_config, target_config))
+                    pair_context_limit(draft_config, target_config), draft_tok)
+
+
+def with_tokenizers(spec: PairSpec, draft_tokenizer: str | None, target_tokenizer: str | None) -> PairSpec:
+    """The spec with its tokenizers taken from where the caller said (the models' own places otherwise)."""
+    if draft_tokenizer is None and target_tokenizer is None:
+        return spec
+    return PairSpec("custom", spec.draft, spec.target, draft_tokenizer or spec.draft_tokenizer,
+                    target_tokenizer or spec.target_tokenizer)
+
+
+def check_tokenizer_source(role: str, source: object) -> None:
+    """A tokenizer source is a local directory holding a tokenizer, or a well-formed hub id."""
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError(f"{role} must be a hub id or a local tokenizer directory, got {source!r}")
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return
+    if path.exists():
+        raise ModelUnavailableError(f"could not load {role} {source!r}: it is a file; give the tokenizer's directory")
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        raise ModelUnavailableError(
+            f"could not load {role} {source!r}: no such directory, and not a Hugging Face hub id (like 'gpt2' or "
+            f"'org/name'); {OFFLINE_HINT}") from None
 
 
 def left_padded(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
@@ -269,12 +327,17 @@ def left_padded(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
 
 
 def load_pair(preset: str | None = "embedded", *, draft: str | None = None, target: str | None = None,
-              device: str = "auto", dtype: str = "auto") -> ModelPair:
+              draft_tokenizer: str | None = None, target_tokenizer: str | None = None,
+              cross_tokenizer: bool = False, device: str = "auto", dtype: str = "auto") -> ModelPair:
     """Load a draft/target pair sharing one tokenizer (left padding, pad = eos when it has none); its arguments are
-    checked first (``plan_pair``)."""
-    plan = plan_pair(preset, draft=draft, target=target, device=device, dtype=dtype)
+    checked first (``plan_pair``). ``draft_tokenizer`` / ``target_tokenizer`` load the tokenizers from elsewhere
+    than the models. ``cross_tokenizer=True`` lets the two tokenizers and vocabularies differ (the pair then
+    only suits ``specdec.CrossTokenizerDrafter``); the pair's ``draft_tokenizer`` is the draft's."""
+    plan = plan_pair(preset, draft=draft, target=target, draft_tokenizer=draft_tokenizer,
+                     target_tokenizer=target_tokenizer, cross_tokenizer=cross_tokenizer, device=device, dtype=dtype)
     if plan.spec is None:
         return load_shaped_pair(preset, plan.tokenizer, plan.device, plan.dtype)
     draft_model = load_model(plan.spec.draft, plan.device, plan.dtype)
     target_model = load_model(plan.spec.target, plan.device, plan.dtype)
-    return ModelPair(draft=draft_model, target=target_model, tokenizer=plan.tokenizer, name=plan.name)
+    return ModelPair(draft=draft_model, target=target_model, tokenizer=plan.tokenizer, name=plan.name,
+                     draft_tokenizer=plan.draft_tokenizer)

@@ -322,3 +322,11 @@ def continuation(tokens: list[int], prefix: list[int], eos: int | None) -> list[
         return []
     new = tokens[len(prefix):]
     return new[:-1] if eos is None else new + [eos]
+
+
+def same_tokens(draft_tokenizer, target_tokenizer) -> bool:
+    """Whether ids mean the same tokens on both sides: one vocabulary (token -> id) and the same special ids."""
+    if draft_tokenizer is target_tokenizer:
+        return True
+    return (draft_tokenizer.get_vocab() == target_tokenizer.get_vocab()
+            and set(draft_tokenizer.all_special_ids) == set(target_tokenizer.all_special_ids))
