@@ -81,6 +81,7 @@ RULES: list[tuple[str, Callable[[object], bool], str]] = [
     ("threads", optional(int_at_least(1)), "an integer >= 1, or null for torch's default"),
     ("stop_at_eos", lambda v: isinstance(v, bool), "true or false"),
     ("compile", lambda v: isinstance(v, bool), "true or false"),
+    ("forward", lambda v: v in specdec.FORWARDS, f"one of {', '.join(specdec.FORWARDS)}"),
     ("group", optional(is_text), "a non-empty string, or null for the sweep/run directory name"),
     ("resume", lambda v: isinstance(v, bool) or (is_text(v) and Path(v).expanduser().is_dir()),
      "true, false, or the path of an existing run directory"),
@@ -210,7 +211,7 @@ def build_groups(cfg: DictConfig) -> dict[str, object]:
     objects = {group: build(cfg, group, lambda group=group: instantiate(cfg[group])) for group in MODEL_FREE_GROUPS}
     factory = build(cfg, "drafter", lambda: instantiate(cfg.drafter, _convert_="all"))
     drafter = drafter_class(cfg, factory)
-    build(cfg, "drafter", lambda: drafter.check_options(compile=cfg.compile, **factory.keywords))
+    build(cfg, "drafter", lambda: drafter.check_options(compile=cfg.compile, forward=cfg.forward, **factory.keywords))
     objects["drafter_factory"] = factory
     # A drafter that reads nothing of the pair is given none.
     objects["drafter"] = None if drafter.needs_pair else build(cfg, "drafter", lambda: factory(None, compile=cfg.compile))

@@ -250,13 +250,13 @@ def title(row: dict, num_rows: int, out_dir: Path) -> str:
             f"sampling={row['sampling']} ({num_rows} prompts)")
 
 
-def pair_drafter(setting: Setting, pair, compile: bool) -> object:
+def pair_drafter(setting: Setting, pair, compile: bool, forward: str) -> object:
     """The run's drafter: built before loading, or now by its factory from the loaded pair and the run's
-    ``compile`` switch, where what needs the pair (e.g. layers the target has) fails in one line."""
+    ``compile`` and ``forward`` switches, where what needs the pair (e.g. layers the target has) fails in one line."""
     if setting.drafter is not None:
         return setting.drafter
     try:
-        return setting.drafter_factory(pair, compile=compile)
+        return setting.drafter_factory(pair, compile=compile, forward=forward)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"drafter: {one_line(err)}") from None
 
@@ -278,11 +278,10 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
     check_loaded_setting(out_dir, done_rows, setting.identity)
     # The baseline gets its own policy object, so an adaptive policy never learns from k = 0 steps.
     baseline = specdec.Decoder(pair.target, None, setting.strategy, copy.deepcopy(setting.draft_length),
-                               setting.sampling, compile=cfg.compile)
-    drafter = pair_drafter(setting, pair, cfg.compile)  # before any decoding
-    speculative = specdec.Decoder(
-        pair.target, drafter, setting.strategy, setting.draft_length, setting.sampling, compile=cfg.compile
-    )
+                               setting.sampling, compile=cfg.compile, forward=cfg.forward)
+    drafter = pair_drafter(setting, pair, cfg.compile, cfg.forward)  # before any decoding
+    speculative = specdec.Decoder(pair.target, drafter, setting.strategy, setting.draft_length, setting.sampling,
+                                  compile=cfg.compile, forward=cfg.forward)
     eos = tokenizer.eos_token_id if cfg.stop_at_eos else None
     batches = [prompts[i : i + cfg.batch_size] for i in range(0, len(prompts), cfg.batch_size)]
 

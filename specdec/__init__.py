@@ -8,6 +8,7 @@
 
 from specdec.api import generate
 from specdec.batching import left_pad
+from specdec.cache import FORWARDS
 from specdec.api import Decoder
 from specdec.emit import GenerationOutput, NonFiniteLogitsError, StrategyVerdictError
 from specdec.cross_tokenizer import CrossTokenizerDrafter
@@ -28,6 +29,7 @@ from specdec.types import StepOutcome, Verdict
 __all__ = [
     "generate",
     "left_pad",
+    "FORWARDS",
     "load_pair",
     "ModelPair",
     "ModelUnavailableError",

@@ -62,7 +62,7 @@ from specdec.types import StepOutcome
 
 TRANSLATIONS = ("auto", "text")
 MAX_DRAFT_RATIO = 4.0  # draft rounds are sized for at most this many draft tokens per target token
-OPTIONS = ("look_behind", "hold_back", "max_rounds", "translate", "label", "forward")
+OPTIONS = ("look_behind", "hold_back", "max_rounds", "translate", "label")
 
 
 @dataclass
@@ -111,20 +111,20 @@ class CrossTokenizerDrafter(ModelDrafter):
     name = "cross_tokenizer"
 
     @classmethod
-    def from_pair(cls, pair, compile: bool = False, **options) -> CrossTokenizerDrafter:
-        cls.check_options(compile=compile, **options)
+    def from_pair(cls, pair, compile: bool = False, forward: str = "auto", **options) -> CrossTokenizerDrafter:
+        cls.check_options(compile=compile, forward=forward, **options)
         return cls(pair.draft, pair.draft_tokenizer, pair.tokenizer,
-                   target_vocab_size=pair.target.config.vocab_size, compile=compile, **options)
+                   target_vocab_size=pair.target.config.vocab_size, compile=compile, forward=forward, **options)
 
     @classmethod
-    def check_options(cls, compile: bool = False, **options) -> None:
+    def check_options(cls, compile: bool = False, forward: str = "auto", **options) -> None:
         unknown = set(options) - set(OPTIONS)
         if unknown:
             raise TypeError(f"CrossTokenizerDrafter got unknown options {sorted(unknown)}; it takes "
                             f"{', '.join(OPTIONS)}")
         check_text_options(options.get("look_behind", 10), options.get("hold_back", 2),
                            options.get("max_rounds", 3), options.get("translate", "auto"))
-        check_runner_options("dynamic", options.get("forward", "auto"), compile)
+        check_runner_options("dynamic", forward, compile)
 
     def __init__(self, model: torch.nn.Module, draft_tokenizer, target_tokenizer, target_vocab_size: int | None = None,
                  look_behind: int = 10, hold_back: int = 2, max_rounds: int = 3, translate: str = "auto",

@@ -116,17 +116,16 @@ class ModelDrafter(CachedDrafter):
     name = "model"
 
     @classmethod
-    def from_pair(cls, pair, compile: bool = False, **options) -> ModelDrafter:
-        cls.check_options(compile=compile, **options)
-        return cls(pair.draft, compile=compile, **options)
+    def from_pair(cls, pair, compile: bool = False, forward: str = "auto", **options) -> ModelDrafter:
+        cls.check_options(compile=compile, forward=forward, **options)
+        return cls(pair.draft, compile=compile, forward=forward, **options)
 
     @classmethod
-    def check_options(cls, compile: bool = False, **options) -> None:
-        unknown = set(options) - {"label", "cache_layout", "forward"}
+    def check_options(cls, compile: bool = False, forward: str = "auto", **options) -> None:
+        unknown = set(options) - {"label", "cache_layout"}
         if unknown:
-            raise TypeError(f"ModelDrafter got unknown options {sorted(unknown)}; it takes label, cache_layout "
-                            f"and forward")
-        check_runner_options(options.get("cache_layout", "dynamic"), options.get("forward", "auto"), compile)
+            raise TypeError(f"ModelDrafter got unknown options {sorted(unknown)}; it takes label and cache_layout")
+        check_runner_options(options.get("cache_layout", "dynamic"), forward, compile)
 
     def draft(self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None) -> Proposal:
         """k forwards: the queue, then each draft but the last (the cache never sees the last draft)."""
@@ -182,18 +181,17 @@ class TreeDrafter(CachedDrafter):
     drafts_trees = True
 
     @classmethod
-    def from_pair(cls, pair, compile: bool = False, **options) -> TreeDrafter:
-        cls.check_options(compile=compile, **options)
-        return cls(pair.draft, **options)
+    def from_pair(cls, pair, compile: bool = False, forward: str = "auto", **options) -> TreeDrafter:
+        cls.check_options(compile=compile, forward=forward, **options)
+        return cls(pair.draft, forward=forward, **options)
 
     @classmethod
-    def check_options(cls, compile: bool = False, branching=(2, 2, 1, 1), **options) -> None:
-        unknown = set(options) - {"label", "forward"}
+    def check_options(cls, compile: bool = False, forward: str = "auto", branching=(2, 2, 1, 1), **options) -> None:
+        unknown = set(options) - {"label"}
         if unknown:
-            raise TypeError(f"TreeDrafter got unknown options {sorted(unknown)}; it takes branching, label and "
-                            f"forward")
+            raise TypeError(f"TreeDrafter got unknown options {sorted(unknown)}; it takes branching and label")
         tree_shape(as_branching(branching))
-        check_runner_options("dynamic", options.get("forward", "auto"), compile)
+        check_runner_options("dynamic", forward, compile)
         if compile:
             raise ValueError("token trees run eager on the dynamic cache layout: compile=true cannot draft trees")
 

@@ -80,18 +80,19 @@ class EarlyExitDrafter(ModelDrafter):
     name = "early_exit"
 
     @classmethod
-    def from_pair(cls, pair, compile: bool = False, **options) -> "EarlyExitDrafter":
-        cls.check_options(compile=compile, **options)
-        return cls(pair.target, **options)
+    def from_pair(cls, pair, compile: bool = False, forward: str = "auto", **options) -> "EarlyExitDrafter":
+        cls.check_options(compile=compile, forward=forward, **options)
+        return cls(pair.target, forward=forward, **options)
 
     @classmethod
-    def check_options(cls, compile: bool = False, num_layers=None, **options) -> None:
+    def check_options(cls, compile: bool = False, forward: str = "auto", num_layers=None, **options) -> None:
         if options:
             raise TypeError(f"EarlyExitDrafter got unknown options {sorted(options)}; it takes num_layers")
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"num_layers must be an integer >= 1 (and at most the target's layers), got {num_layers!r}")
 
-    def __init__(self, target: torch.nn.Module, num_layers: int):
+    def __init__(self, target: torch.nn.Module, num_layers: int, forward: str = "auto"):
         self.target = target
         self.num_layers = num_layers
-        super().__init__(shallow_view(target, num_layers), label=f"early-exit draft ({num_layers} layers)")
+        super().__init__(shallow_view(target, num_layers), label=f"early-exit draft ({num_layers} layers)",
+                         forward=forward)

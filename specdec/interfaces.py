@@ -134,15 +134,15 @@ class Drafter:
     needs_pair: bool = False  # built from a loaded model pair (``from_pair``), not from its options alone
 
     @classmethod
-    def from_pair(cls, pair, compile: bool = False, **options) -> "Drafter":
+    def from_pair(cls, pair, compile: bool = False, forward: str = "auto", **options) -> "Drafter":
         """The factory the experiment configs name: this drafter for a loaded ``pair`` (``specdec.ModelPair``:
-        draft, target, tokenizer) with the run's ``compile`` switch and the config's options. By default the
-        drafter takes its options alone."""
-        cls.check_options(compile=compile, **options)
+        draft, target, tokenizer) with the run's ``compile`` and ``forward`` switches (``specdec.cache.CachedModel``)
+        and the config's options. By default the drafter takes its options alone."""
+        cls.check_options(compile=compile, forward=forward, **options)
         return cls(**options)
 
     @classmethod
-    def check_options(cls, compile: bool = False, **options) -> None:
+    def check_options(cls, compile: bool = False, forward: str = "auto", **options) -> None:
         """Refuse bad options before any model loads (ValueError / TypeError naming the option). By default a
         drafter that needs no pair is built once and dropped; one that needs a pair checks nothing here."""
         if not cls.needs_pair:

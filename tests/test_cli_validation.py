@@ -66,6 +66,7 @@ REFUSED = [
     (["drafter=tree", "compile=true"], "drafter: token trees run eager on the dynamic cache layout: compile=true "
                                        "cannot draft trees"),
     (["drafter=tree", "+drafter.branchin=[2]"], "TreeDrafter got unknown options ['branchin']; it takes branching"),
+    (["forward=fast"], "forward='fast' is not allowed: must be one of auto, lean, transformers"),
     (["sampling=t1", "sampling.temperature=1e-31"], "sampling.temperature=1e-31: temperature must be 0 (greedy) or "
                                                     "at least 1e-30"),
     (["sampling=t1", "sampling.temperature=1e-40"], "sampling.temperature=1e-40"),
@@ -202,3 +203,20 @@ def test_the_command_exits_2_with_one_line(argv, named, tiny, tmp_path):
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2 and len(lines) == 1 and named in lines[0], done.stderr
     assert not (tmp_path / "sweep").exists() and not (tmp_path / "run" / "rows.jsonl").exists()
+
+
+def test_the_forward_switch_reaches_the_target_and_the_drafter(tiny, tmp_path, monkeypatch):
+    """``forward=transformers`` runs transformers' forward for both models (the reference path); a run with it
+    writes the same greedy tokens' counts as the default lean run."""
+    built = []
+    original = specdec.Decoder.__init__
+
+    def record(self, target, drafter=None, *args, **kwargs):
+        original(self, target, drafter, *args, **kwargs)
+        built.append((self.runner.is_lean, getattr(getattr(self.drafter, "runner", None), "is_lean", None)))
+    monkeypatch.setattr(specdec.Decoder, "__init__", record)
+    cfg = compose_run([*tiny_overrides(tiny), "forward=transformers"])
+    assert validate(cfg) is not None and cfg.forward == "transformers"
+    from experiments.runner import Job, run
+    run(cfg, Job(tmp_path / "run", "g", {}, tmp_path))
+    assert built and all(target is False and drafter in (False, None) for target, drafter in built)
