@@ -329,14 +329,15 @@ class CostProfile:
 
 
 def cost_profile(pair, prompt: torch.Tensor, widths: Iterable[int], repeats: int, clock: Clock,
-                 compile: bool = False) -> CostProfile:
+                 compile: bool = False, captured: bool = False) -> CostProfile:
     """The pair's costs over ``prompt`` [1, T], on the cache layout its mode decodes with (eager: dynamic,
-    compiled: static): the draft's forward of one token and the target's of each of ``widths`` tokens."""
+    compiled: static): the draft's forward of one token and the target's of each of ``widths`` tokens.
+    ``captured``: each forward timed as a CUDA graph replay, as the device step runs it (CUDA, lean forwards)."""
     layout = "static" if compile else "dynamic"
 
     def seconds(model, model_widths, label):
         return time_forwards(model, prompt, model_widths, repeats, cache_layout=layout, compile=compile, clock=clock,
-                             label=label)
+                             label=label, forward="lean" if captured else "auto", captured=captured)
 
     return CostProfile(seconds(pair.draft, [1], "draft")[1], seconds(pair.target, widths, "target"))
 

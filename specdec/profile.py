@@ -18,15 +18,17 @@ from specdec.tree import tree_shape_on
 
 def time_forwards(model: torch.nn.Module, prompt: torch.Tensor, widths, repeats: int = 10, warmup: int = 3,
                   cache_layout: str = "dynamic", compile: bool = False, clock: Clock | None = None,
-                  label: str = "model", forward: str = "auto") -> dict[int, float]:
+                  label: str = "model", forward: str = "auto", captured: bool = False) -> dict[int, float]:
     """Median seconds of one forward of n tokens (each n in ``widths``) over a cache holding ``prompt`` [B, T].
 
     The tokens are the prompt's first n, fed after the prompt; each forward is rolled back before the next, so
     every one sees the same cache. The widths are interleaved, one forward of each per round, so a machine whose
     speed drifts moves every width alike (their ratios are what predictions use); ``warmup`` untimed rounds precede
     the ``repeats`` timed ones.
-    ``cache_layout``, ``compile`` and ``forward`` are as in ``specdec.generate``. ``clock`` defaults to one that
-    synchronises the prompt's device before every reading; ``label`` names the model in cache errors.
+    ``cache_layout``, ``compile`` and ``forward`` are as in ``specdec.generate``. ``captured=True`` (CUDA, a lean
+    forward) times replays of a CUDA graph of each forward and its rollback, as the device step runs them (no
+    launch cost per kernel). ``clock`` defaults to one that synchronises the prompt's device before every reading;
+    ``label`` names the model in cache errors.
     """
     widths = list(widths)
     if not widths or any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= prompt.shape[1]
@@ -36,31 +38,50 @@ def time_forwards(model: torch.nn.Module, prompt: torch.Tensor, widths, repeats:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     clock = clock or Clock(prompt.device)
     runner = CachedModel(model, label, forward, cache_layout, compile)
-    cache = runner.new_cache(prompt.shape[0], static_capacity(prompt.shape[1], max(widths)), prompt.device)
+    if captured and (prompt.device.type != "cuda" or not runner.is_lean):
+        raise ValueError(f"captured=True times CUDA graphs of a lean forward; got device {prompt.device} and "
+                         f"{'a lean' if runner.is_lean else 'no lean'} forward")
+    cache = runner.new_cache(prompt.shape[0], static_capacity(prompt.shape[1], max(widths)), prompt.device,
+                             fixed_span=captured)
     with torch.no_grad():
         fill(cache, prompt)
+        run = {n: (lambda n=n: forward_and_forget(cache, prompt[:, :n])) for n in widths}
+        if captured:
+            run = {n: captured_replay(step, prompt.device) for n, step in run.items()}
         samples = {n: [] for n in widths}
         for round_index in range(warmup + repeats):
             for n in widths:
-                seconds = forward_seconds(cache, prompt[:, :n], clock)
+                start = clock.now()
+                run[n]()
+                seconds = clock.now() - start
                 if round_index >= warmup:
                     samples[n].append(seconds)
         return {n: statistics.median(times) for n, times in samples.items()}
+
+
+def forward_and_forget(cache: KVCache, tokens: torch.Tensor, tree: TreeFeed | None = None) -> None:
+    """One forward of ``tokens`` [B, n], rolled back so the next sees the same cache."""
+    cache.feed(tokens, tree=tree)
+    cache.keep(torch.zeros_like(tokens, dtype=torch.bool), prefix=tree is None, max_kept=0)
+
+
+def captured_replay(step, device: torch.device):
+    """``step`` run once on a side stream (lazy set-up), captured as a CUDA graph; returns its replay."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
 
 
 def fill(cache: KVCache, prompt: torch.Tensor) -> None:
     """Cache the whole [B, T] prompt (no logits) and commit it."""
     cache.feed(prompt, logit_columns=torch.arange(0, device=prompt.device), prefill=True)
     cache.keep(torch.ones_like(prompt, dtype=torch.bool), prefix=True, max_kept=prompt.shape[1])
-
-
-def forward_seconds(cache: KVCache, tokens: torch.Tensor, clock: Clock, tree: TreeFeed | None = None) -> float:
-    """Seconds of one forward of ``tokens`` [B, n], rolled back afterwards so the next sees the same cache."""
-    start = clock.now()
-    cache.feed(tokens, tree=tree)
-    seconds = clock.now() - start
-    cache.keep(torch.zeros_like(tokens, dtype=torch.bool), prefix=tree is None, max_kept=0)
-    return seconds
 
 
 def time_tree_forwards(model: torch.nn.Module, prompt: torch.Tensor, node_counts, repeats: int = 10,
@@ -85,6 +106,10 @@ def time_tree_forwards(model: torch.nn.Module, prompt: torch.Tensor, node_counts
             shape = tree_shape_on((n,), prompt.device)
             tree = TreeFeed(shape.depth_offsets, shape.ancestors)  # the root, then the nodes
             tokens = prompt[:, : n + 1]  # [B, N+1]
-            samples = [forward_seconds(cache, tokens, clock, tree) for _ in range(warmup + repeats)]
+            samples = []
+            for _ in range(warmup + repeats):
+                start = clock.now()
+                forward_and_forget(cache, tokens, tree)
+                samples.append(clock.now() - start)
             medians[n] = statistics.median(samples[warmup:])
     return medians
