@@ -64,14 +64,22 @@ def check_runner_options(cache_layout: object, forward: object, compile: object)
         raise TypeError(f"compile must be True or False, got {compile!r}")
 
 
+def adopted(kept: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    """``kept`` holding ``current``'s values (unless they are one tensor): what an owner continues with when a kept
+    captured step is to read ``kept``."""
+    if kept is not current:
+        kept.copy_(current)
+    return kept
+
+
 def round_up_capacity(slots: int) -> int:
     return -(-slots // STATIC_CAPACITY_STEP) * STATIC_CAPACITY_STEP
 
 
 def static_capacity(prompt_width: int, new_tokens: int) -> int:
     """Slots to preallocate: the prompt (with its padding), the tokens to come, and slack for one step's rejected
-    drafts and holes. A cache that still runs out compacts (masked) or grows; the device step reserves its room
-    before its first step (``KVCache.reserve``)."""
+    drafts and holes. A cache that still runs out compacts (masked) or grows; the device step fixes its caches'
+    room and shapes before its first step (``KVCache.fix_shapes``)."""
     return prompt_width + new_tokens + STATIC_CACHE_SLACK
 
 
@@ -108,8 +116,10 @@ class KVCache:
         """Keep only the batch rows ``index`` [B'] (rows that finished leave the batch)."""
         raise NotImplementedError
 
-    def reserve(self, slots: int) -> None:
-        """Make room for ``slots`` slots now, so that no later feed grows the cache (a captured step cannot)."""
+    def fix_shapes(self, slots: int) -> None:
+        """Make room for ``slots`` slots now and keep every later step's shapes fixed: a captured step replays one
+        set of shapes and cannot grow a cache."""
+        raise NotImplementedError(f"the {type(self).__name__} cannot run a captured step")
 
 
 class MaskedCache(KVCache):
@@ -204,10 +214,6 @@ class MaskedCache(KVCache):
         self.region_start = self.num_slots
         if not self.static and not self.dense and self.num_slots >= self.next_hole_check:
             self.compact_if_mostly_holes()
-
-    def reserve(self, slots: int) -> None:
-        if self.static and slots > self.capacity:
-            self.grow(slots)
 
     def make_room(self, n: int) -> None:
         """A static cache about to overflow compacts (between steps) or grows."""
@@ -369,9 +375,24 @@ class LeanCache(KVCache):
             moved = states.gather(2, source[:, None, :, None].expand(-1, heads, -1, dim))  # [B, H, R, D], a copy
             states.scatter_(2, target[:, None, :, None].expand(-1, heads, -1, dim), moved)
 
-    def reserve(self, slots: int) -> None:
+    def fix_shapes(self, slots: int) -> None:
         if slots > self.capacity:
             self.grow(slots)
+        self.fixed_span = True  # attention over the whole capacity: the same shapes at every step
+
+    def device_state(self) -> dict[str, torch.Tensor]:
+        """The tensors a captured step reads from the step before it (``specdec.device_loop``), by name."""
+        return {"length": self.length, "region_count": self.region_count, "slot_index": self.slot_index,
+                **{f"keys.{i}": states for i, states in enumerate(self.keys)},
+                **{f"values.{i}": states for i, states in enumerate(self.values)}}
+
+    def adopt_device_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue in ``state``'s tensors (a kept capture's), holding this cache's values."""
+        self.length = adopted(state["length"], self.length)
+        self.region_count = adopted(state["region_count"], self.region_count)
+        self.slot_index = adopted(state["slot_index"], self.slot_index)
+        self.keys = [adopted(state[f"keys.{i}"], states) for i, states in enumerate(self.keys)]
+        self.values = [adopted(state[f"values.{i}"], states) for i, states in enumerate(self.values)]
 
     def grow(self, capacity: int) -> None:
         """Move to larger buffers (rounded up) holding the slots written so far; they replace the pooled ones."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.cache import KVCache, TreeFeed
+from specdec.cache import KVCache, TreeFeed, adopted
 from specdec.layout import VerifyLayout
 from specdec.types import HostSync
 
@@ -133,6 +133,22 @@ class CachedContext:
             self.queue_valid.copy_(valid)
             return
         self.queue, self.queue_valid, self.queue_owned = queue, valid, True
+
+    def device_state(self) -> dict[str, torch.Tensor]:
+        """The queue and the cache's device state, by name (``specdec.device_loop``; lean caches)."""
+        state = {"queue": self.queue, **{f"cache.{name}": t for name, t in self.cache.device_state().items()}}
+        if self.queue_valid is not None:
+            state["queue_valid"] = self.queue_valid
+        return state
+
+    def adopt_device_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue in ``state``'s tensors (a kept capture's), holding this context's values."""
+        self.queue = adopted(state["queue"], self.queue)
+        if self.queue_valid is not None:
+            self.queue_valid = adopted(state["queue_valid"], self.queue_valid)
+        self.queue_owned = True
+        self.cache.adopt_device_state({name.removeprefix("cache."): t for name, t in state.items()
+                                       if name.startswith("cache.")})
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep only the batch rows ``index`` [B'] (between steps)."""

@@ -13,7 +13,10 @@ emit, roll back, notify), over the same parts, with every bound computed on the 
 
 So after two eager steps (the prefill's, and one that compiles the decode shapes) the step is captured once as a
 CUDA graph on CUDA (with the generator registered, so sampling replays exactly) and replayed; elsewhere it runs as
-is. The host reads one small tensor per step, the step's flags (rows still generating; usable logits; a valid
+is. The capture is kept by the Decoder's ``DeviceProgram`` and replayed by every later call of the same shapes:
+after its prefill's step, such a call copies its state into the tensors the graph reads (each owner adopts its own:
+``device_state``/``adopt_device_state`` of the run, the target's context and cache, and the drafter) and goes on
+with the graph's random stream from where its own stands. The host reads one small tensor per step, the step's flags (rows still generating; usable logits; a valid
 verdict), one step late on CUDA through a pinned non-blocking copy, so the device never waits for the host. The
 lagged read lets one step run past the end; it emits nothing.
 """
@@ -21,10 +24,12 @@ lagged read lets one step run past the end; it emits nothing.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from specdec.cache import static_capacity
+from specdec.cache import adopted, static_capacity
 from specdec.context import CachedContext
 from specdec.emit import GenerationOutput, check_flags, count_new, finish_call
 from specdec.stats import DecodeStats, StepLog
@@ -47,24 +52,37 @@ def device_step_blocker(decoder) -> str | None:
     return None
 
 
+@dataclass
+class Capture:
+    """A captured step: its replay (returning the step's flags), the generator it replays, and the tensors it reads
+    and writes, by name (a later call of the same shapes adopts them)."""
+
+    replay: Callable[[], torch.Tensor]
+    generator: torch.Generator
+    state: dict[str, torch.Tensor]
+
+
 class DeviceProgram:
-    """The device step of one ``Decoder``: runs its calls (``DeviceRun``)."""
+    """The device step of one ``Decoder``: runs its calls (``DeviceRun``) and keeps their captured steps, one per
+    set of shapes (batch size, capacities, budget, k), for later calls; ``release`` frees them."""
 
     def __init__(self, decoder):
         self.decoder = decoder
+        self.captures: dict[tuple, Capture] = {}
 
     def run(self, input_ids, attention_mask, max_new_tokens: int, eos_ids, seed: int) -> GenerationOutput:
-        return DeviceRun(self.decoder, input_ids, attention_mask, max_new_tokens, eos_ids, seed).run()
+        return DeviceRun(self, input_ids, attention_mask, max_new_tokens, eos_ids, seed).run()
 
     def release(self) -> None:
-        """Nothing kept: a call's captured step is freed with the call."""
+        self.captures.clear()
 
 
 class DeviceRun:
     """One ``generate`` call on the device step. Owns the target's context and the per-row state."""
 
-    def __init__(self, decoder, input_ids, attention_mask, max_new_tokens: int, eos_ids, seed: int):
-        self.decoder, self.input_ids, self.attention_mask = decoder, input_ids, attention_mask
+    def __init__(self, program: DeviceProgram, input_ids, attention_mask, max_new_tokens: int, eos_ids, seed: int):
+        self.program, self.decoder = program, program.decoder
+        decoder, self.input_ids, self.attention_mask = self.decoder, input_ids, attention_mask
         self.max_new_tokens, self.eos_ids = max_new_tokens, eos_ids
         self.device = device = input_ids.device
         batch_size, width = input_ids.shape
@@ -92,7 +110,7 @@ class DeviceRun:
         start = self.clock.now()
         decoder.draft_length.start()
         decoder.drafter.start(self.input_ids, self.attention_mask)
-        decoder.drafter.reserve(self.capacity)  # a captured step cannot grow a cache
+        decoder.drafter.fix_shapes(self.capacity)  # a captured step replays one set of shapes
         batch_size = self.input_ids.shape[0]
         cache = decoder.runner.new_cache(batch_size, self.capacity, self.device, fixed_span=True)
         padded = batch_size > 1 or not bool(self.attention_mask.all())  # one host read per call
@@ -104,9 +122,11 @@ class DeviceRun:
         first_step_emitted = self.emitted.sum()  # [] read at the end
         steps, unread = 1, []  # unread: flags not read yet, oldest first
         if generating and self.max_steps > 1:
-            unread.append(self.stash(self.warm_up_step(), steps))  # eager: compiles the decode shapes
-            self.log.note(self.layout, self.overlap_is_acceptance)
-            steps, run_step = 2, self.captured_step()
+            run_step = self.kept_capture()
+            if run_step is None:
+                unread.append(self.stash(self.warm_up_step(), steps))  # eager: compiles the decode shapes
+                self.log.note(self.layout, self.overlap_is_acceptance)
+                steps, run_step = 2, self.captured_step()
             while True:
                 if len(unread) > self.lag:
                     generating = self.read(unread.pop(0))
@@ -196,24 +216,70 @@ class DeviceRun:
         return slot, done
 
     def captured_step(self):
-        """How to run each later step: replay a CUDA graph of it on CUDA (captured once, here), else run it."""
-        if self.device.type != "cuda":
+        """How to run each later step: replay a CUDA graph of it on CUDA (captured here, kept for later calls of the
+        same shapes), else run it."""
+        if not self.captures():
             self.replays_run_python = True
             return self.step
         self.replays_run_python = False
         forwards = self.decoder.drafter.num_forwards  # capturing runs the Python, not the step
+        replay = self.capture()
+        self.decoder.drafter.num_forwards = forwards
+        self.program.captures[self.shapes()] = Capture(replay, self.generator, self.device_state())
+        return replay
+
+    def captures(self) -> bool:
+        """Whether later steps replay a captured graph (on CUDA) rather than run the Python."""
+        return self.device.type == "cuda"
+
+    def capture(self):
+        """The step captured as a CUDA graph (the generator registered, so sampling replays); its replay."""
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
         graph.register_generator_state(self.generator)
         with torch.cuda.graph(graph):
             flags = self.step()
-        self.decoder.drafter.num_forwards = forwards
-        self.graph = graph  # kept alive for the call
 
         def replay() -> torch.Tensor:
             graph.replay()
             return flags
         return replay
+
+    def kept_capture(self):
+        """A kept capture of this call's shapes, its state adopted (after the prefill's step) and its generator
+        set to where this call's stream stands; None where there is none."""
+        kept = self.program.captures.get(self.shapes()) if self.captures() else None
+        if kept is None:
+            return None
+        self.adopt_device_state(kept.state)
+        carry_random_stream(self.generator, kept.generator)
+        self.generator, self.replays_run_python = kept.generator, False
+        return kept.replay
+
+    def shapes(self) -> tuple:
+        """What a capture is specialised to: every state tensor's name, shape and dtype."""
+        return tuple((name, tuple(tensor.shape), tensor.dtype) for name, tensor in sorted(self.device_state().items()))
+
+    def device_state(self) -> dict[str, torch.Tensor]:
+        """The tensors a captured step reads from the step before it, by name: this run's, the target's context's
+        and the drafter's."""
+        state = {"original": self.original, "emitted": self.emitted, "remaining": self.remaining,
+                 "active": self.active, "output": self.output, "slot_offsets": self.slot_offsets,
+                 **{f"log.{name}": tensor for name, tensor in self.log.device_state().items()}}
+        if self.eos_ids is not None:
+            state["eos_ids"] = self.eos_ids
+        state.update({f"target.{name}": tensor for name, tensor in self.target.device_state().items()})
+        state.update({f"drafter.{name}": tensor for name, tensor in self.decoder.drafter.device_state().items()})
+        return state
+
+    def adopt_device_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue in ``state``'s tensors: each owner copies its values there and uses them from now on."""
+        for name in ("original", "emitted", "remaining", "active", "output", "slot_offsets", "eos_ids"):
+            if name in state:
+                setattr(self, name, adopted(state[name], getattr(self, name)))
+        self.log.adopt_device_state(within(state, "log."))
+        self.target.adopt_device_state(within(state, "target."))
+        self.decoder.drafter.adopt_device_state(within(state, "drafter."))
 
     def note_replay(self) -> None:
         """What a later step did, recorded on the host (a replayed graph runs no Python)."""
@@ -232,3 +298,16 @@ class DeviceRun:
         values = dict(zip(FLAG_NAMES, flags.tolist()))
         check_flags(values, self.decoder.strategy.name)
         return values["generating"]
+
+
+def within(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The entries of ``state`` under ``prefix``, without it."""
+    return {name.removeprefix(prefix): tensor for name, tensor in state.items() if name.startswith(prefix)}
+
+
+def carry_random_stream(source: torch.Generator, target: torch.Generator) -> None:
+    """Let ``target`` go on where ``source``'s random stream stands (graph-safely for a captured CUDA generator)."""
+    if source.device.type == "cuda":
+        target.graphsafe_set_state(source.graphsafe_get_state())
+    else:
+        target.set_state(source.get_state())

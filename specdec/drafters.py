@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.cache import CachedModel, check_runner_options, static_capacity
+from specdec.cache import CachedModel, adopted, check_runner_options, static_capacity
 from specdec.checks import model_device
 from specdec.context import CachedContext
 from specdec.interfaces import Drafter, StopHook
@@ -106,8 +106,20 @@ class CachedDrafter(Drafter):
     def release(self) -> None:
         self.runner.release()
 
-    def reserve(self, slots: int) -> None:
-        self.context.cache.reserve(slots)
+    def fix_shapes(self, slots: int) -> None:
+        self.context.cache.fix_shapes(slots)
+
+    def device_state(self) -> dict[str, torch.Tensor]:
+        state = {f"context.{name}": tensor for name, tensor in self.context.device_state().items()}
+        if self.live is not None:
+            state["live"] = self.live
+        return state
+
+    def adopt_device_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.context.adopt_device_state({name.removeprefix("context."): tensor for name, tensor in state.items()
+                                         if name.startswith("context.")})
+        if self.live is not None:
+            self.live = adopted(state["live"], self.live)
 
 
 class ModelDrafter(CachedDrafter):

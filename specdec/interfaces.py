@@ -173,9 +173,18 @@ class Drafter:
     def release(self) -> None:
         """Free what the drafter keeps between calls; nothing by default."""
 
-    def reserve(self, slots: int) -> None:
-        """Make room for ``slots`` cache slots now (called after ``start`` by a loop whose steps cannot grow a
-        cache: the device step); nothing by default."""
+    def fix_shapes(self, slots: int) -> None:
+        """Make room for ``slots`` cache slots now and keep every step's shapes fixed from here on (called after
+        ``start`` by the device step, whose captured steps replay one set of shapes and cannot grow a cache);
+        nothing by default."""
+
+    def device_state(self) -> dict[str, torch.Tensor]:
+        """A drafter that ``drafts_on_device``: the tensors its part of a captured step reads from the step before,
+        by name; none by default."""
+        return {}
+
+    def adopt_device_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue in ``state``'s tensors (a kept capture's), holding this call's values; nothing by default."""
 
 
 class DraftLengthPolicy:

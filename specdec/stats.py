@@ -164,6 +164,17 @@ class StepLog:
         self.overlap_logged.append(measured)
         self.overlap_is_acceptance.append(measured and overlap_is_acceptance)
 
+    def device_state(self) -> dict[str, torch.Tensor]:
+        return {"accepted": self.accepted, "overlap": self.overlap, "step_index": self.step_index}
+
+    def adopt_device_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Log into ``state``'s tensors (a kept captured step's) from now on, holding what was logged so far."""
+        for name, tensor in state.items():
+            current = getattr(self, name)
+            if tensor is not current:
+                tensor.copy_(current)
+            setattr(self, name, tensor)
+
     @staticmethod
     def measures(layout) -> bool:
         return layout.measures_overlap and layout.depth > 0

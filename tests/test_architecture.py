@@ -155,11 +155,11 @@ def test_no_module_keeps_a_registry_keyed_by_object_identity():
 
 
 def test_a_cache_has_one_rollback_and_only_its_module_calls_the_helpers():
-    """KVCache's interface is feed / keep / select_rows / reserve: ``keep`` is the one rollback. The masked cache's helpers
+    """KVCache's interface is feed / keep / select_rows / fix_shapes: ``keep`` is the one rollback. The masked cache's helpers
     (crop, compact, grow) and the lean cache's gather are called from specdec/cache.py alone."""
     from specdec.cache import KVCache
 
-    assert {name for name in vars(KVCache) if not name.startswith("_")} == {"feed", "keep", "select_rows", "reserve"}
+    assert {name for name in vars(KVCache) if not name.startswith("_")} == {"feed", "keep", "select_rows", "fix_shapes"}
     helpers = ("crop_tail", "compact", "grow", "gather_kept", "leave_dense")
     for path in sorted((REPO / "specdec").rglob("*.py")):
         if path.name == "cache.py":

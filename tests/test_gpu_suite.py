@@ -36,9 +36,10 @@ class FakeClock:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """One smoke run of every section but the study job (tests/test_gpu_suite.py's slow test runs that one)."""
+    """One smoke run of every section but the study job (tests/test_gpu_suite.py's slow test runs that one), with a
+    budget no loaded machine runs out of: what the budgets skip is tested on a fake clock below."""
     out = tmp_path_factory.mktemp("smoke")
-    payload = gpu_suite.main(["--smoke", "--out", str(out), "--sections", ALL_BUT_STUDY])
+    payload = gpu_suite.main(["--smoke", "--out", str(out), "--sections", ALL_BUT_STUDY, "--budget", "36000"])
     return payload, out
 
 
@@ -226,7 +227,12 @@ class GraphRecorder(TorchDispatchMode):
         outputs = out if isinstance(out, (tuple, list)) else (out,)
         if not all(isinstance(tensor, torch.Tensor) for tensor in outputs):
             self.host_reads.append(str(func))
-        aliased = any(result.alias_info is not None for result in func._schema.returns)
+        # An op that may return a view (``to``, ``contiguous``) returns a new tensor when it must convert: only an
+        # output sharing an input's storage is written by the replay itself.
+        inputs = {value.untyped_storage().data_ptr() for value in [*args, *kwargs.values()]
+                  if isinstance(value, torch.Tensor)}
+        aliased = any(result.alias_info is not None for result in func._schema.returns) and all(
+            isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() in inputs for tensor in outputs)
         if not aliased:
             self.fresh += [tensor for tensor in outputs if isinstance(tensor, torch.Tensor)]
         self.ops.append((func, args, kwargs, outputs, aliased))
@@ -265,14 +271,14 @@ class GraphRecorder(TorchDispatchMode):
 
 
 def emulated_capture(self):
-    """``DeviceRun.captured_step`` as on CUDA, with a GraphRecorder for the graph (and CUDA's one-step-late read)."""
-    self.replays_run_python, self.lag = False, 1
-    forwards = self.decoder.drafter.num_forwards
+    """``DeviceRun.capture`` as on CUDA, with a GraphRecorder for the graph (and CUDA's one-step-late read)."""
+    self.lag = 1
     recorder = GraphRecorder()
+    random_state = self.generator.get_state()  # a capture draws no random number: its replays do
     with recorder:
         flags = self.step()
     recorder.undo()
-    self.decoder.drafter.num_forwards = forwards
+    self.generator.set_state(random_state)
     self.recorders.append(recorder)
     held = storages_held(self)  # what the run still holds once the capture is over: the rest a CUDA run frees
     self.orphan_reads.extend(what for pointer, what in recorder.inputs().items() if pointer not in held)
@@ -315,7 +321,8 @@ def graph_semantics(monkeypatch):
     recorders, orphan_reads = [], []
     monkeypatch.setattr(DeviceRun, "recorders", recorders, raising=False)
     monkeypatch.setattr(DeviceRun, "orphan_reads", orphan_reads, raising=False)
-    monkeypatch.setattr(DeviceRun, "captured_step", emulated_capture)
+    monkeypatch.setattr(DeviceRun, "capture", emulated_capture)
+    monkeypatch.setattr(DeviceRun, "captures", lambda self: True)
     return recorders, orphan_reads
 
 
@@ -371,3 +378,33 @@ def test_a_captured_step_reads_no_tensor_the_run_let_go_of(graph_semantics, draf
     replayed_and_host_outputs(drafted)
     _, orphan_reads = graph_semantics
     assert orphan_reads == []
+
+
+def test_a_kept_capture_serves_later_calls_of_the_same_shapes(graph_semantics):
+    """One capture per set of shapes, kept by the Decoder: a later call adopts its tensors after its own prefill's
+    step and replays it, with the host loop's greedy tokens; another budget (other shapes) captures its own; a
+    sampled call gives the same tokens whether its capture is new or kept (the random stream carries over)."""
+    recorders, orphan_reads = graph_semantics
+    target, draft = (tiny_gpt2(layers, seed).double() for layers, seed in ((2, 1), (1, 0)))
+    generator = torch.Generator().manual_seed(3)
+    batches = [left_pad([torch.randint(1, 200, (n,), generator=generator).tolist() for n in widths])
+               for widths in ((3, 9), (7, 2), (4, 4))]
+
+    def decoder(step, sampling=specdec.SamplingConfig()):
+        return specdec.Decoder(target, specdec.ModelDrafter(draft), specdec.Speculative(), specdec.FixedLength(3),
+                               sampling, step=step)
+
+    device, host = decoder("device"), decoder("host")
+    for ids, mask in batches:
+        assert device.generate(ids, mask, max_new_tokens=20).tokens == host.generate(ids, mask, max_new_tokens=20).tokens
+    assert len(recorders) == 1 and len(device.device_program.captures) == 1 and orphan_reads == []
+    ids, mask = batches[0]
+    assert device.generate(ids, mask, max_new_tokens=30).tokens == host.generate(ids, mask, max_new_tokens=30).tokens
+    assert len(recorders) == 2
+    sampled = specdec.SamplingConfig(temperature=1.0)
+    fresh, kept = decoder("device", sampled), decoder("device", sampled)
+    kept.generate(*batches[1], max_new_tokens=20, seed=9)  # captures
+    assert kept.generate(ids, mask, max_new_tokens=20, seed=4).tokens == fresh.generate(ids, mask, max_new_tokens=20,
+                                                                                        seed=4).tokens
+    kept.release()
+    assert not kept.device_program.captures
