@@ -21,8 +21,8 @@ import torch
 from specdec.checks import check_draft_length, check_positive, check_probability
 from specdec.interfaces import AcceptanceStrategy, as_strategy
 from specdec.rules import (
-    count_leading_true, first_accepted_path, greedy_tree, greedy_verdict, node_probs, nodewise_tree, probs_of, row_at,
-    speculative_tree,
+    at_parents, count_leading_true, first_accepted_path, greedy_tree, greedy_verdict, node_probs, nodewise_tree,
+    probs_of, row_at, speculative_tree,
 )
 from specdec.sampling import sample
 from specdec.types import Verdict
@@ -135,7 +135,7 @@ class Typical(AcceptanceStrategy):
 
     def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> Verdict:
         """Each node by the same test against p at its parent; the first path accepted node by node."""
-        accepted = node_probs(target_probs, tokens, shape) > self.threshold(target_probs)[:, shape.parent]  # [B, N]
+        accepted = node_probs(target_probs, tokens, shape) > at_parents(self.threshold(target_probs), shape)  # [B, N]
         return nodewise_tree(shape, accepted, target_probs, generator)
 
 
@@ -168,7 +168,7 @@ class TopK(AcceptanceStrategy):
         """Each node by the same test against p at its parent; the first path accepted node by node."""
         nth_largest = target_probs.topk(min(self.n, target_probs.shape[-1]), dim=-1).values[..., -1]  # [B, N+1]
         p_of_node = node_probs(target_probs, tokens, shape)  # [B, N]
-        accepted = (p_of_node >= nth_largest[:, shape.parent]) & (p_of_node > 0)
+        accepted = (p_of_node >= at_parents(nth_largest, shape)) & (p_of_node > 0)
         return nodewise_tree(shape, accepted, target_probs, generator)
 
 
