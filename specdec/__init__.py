@@ -11,6 +11,7 @@ from specdec.batching import left_pad
 from specdec.api import Decoder
 from specdec.emit import GenerationOutput, NonFiniteLogitsError, StrategyVerdictError
 from specdec.drafters import ModelDrafter, NoDrafter, TreeDrafter
+from specdec.dynamic_tree import DynamicTreeDrafter
 from specdec.early_exit import EarlyExitDrafter
 from specdec.models import ModelPair, ModelUnavailableError, load_pair, resolve_device, resolve_dtype
 from specdec.ngram import NGramDrafter
@@ -43,6 +44,7 @@ __all__ = [
     "ModelDrafter",
     "NoDrafter",
     "TreeDrafter",
+    "DynamicTreeDrafter",
     "NGramDrafter",
     "EarlyExitDrafter",
     "DraftLengthPolicy",

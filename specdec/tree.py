@@ -1,15 +1,19 @@
 """Token trees: draft a tree of candidates, verify every node in one target forward, accept the best path.
 
 A chain drafts one token per depth and throws away the draft's second choices; a tree keeps b_i of them at
-depth i (``TreeShape``), and the target scores all N nodes at once under an ancestor mask (``KVCache.forward_tree``),
+depth i (``TreeShape``), and the target scores all N nodes at once under an ancestor mask (``cache.TreeFeed``),
 so one target call can accept a path that a chain would have lost at its first rejection.
 
 Children. At temperature 0 a node's children are the draft's top-b tokens (distinct). When sampling they are b
 i.i.d. draws from the draft distribution q at the node (with replacement), so that SpecInfer's multi-step
 speculative sampling is exact (``speculative_tree``).
 
-The drafter is ``specdec.drafters.TreeDrafter``. Rollback is the chains' masking: both caches keep the slots of the accepted path and every other node becomes a
-hole (``KVCache.keep_slots``), in the one place each cache is rolled back.
+The drafter is ``specdec.drafters.TreeDrafter``. Rollback is one ``KVCache.keep`` per cache, as for chains: the
+slots of the accepted path are kept and every other node is forgotten.
+
+A static tree is the same in every row. ``RowTree`` is a tree per batch row, for drafters that shape each row's tree
+from its draft (``specdec.dynamic_tree``); the rules (``specdec.rules``) take either, a static one as its view per
+row (``as_rows``).
 
 k and draft-length policies: k is the tree's depth. A step drafts the first min(k, d) levels of the shape, so a
 fixed k >= d drafts the whole tree, a smaller k (the loop's, near ``max_new_tokens`` or the context limit, or an
