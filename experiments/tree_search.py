@@ -429,7 +429,8 @@ def main(argv=None) -> None:
     ranked = search(acceptance, costs, shapes)
     best_tree = next(s for _, s in ranked if not is_chain(s))
     best_chain = next(s for _, s in ranked if is_chain(s))
-    report.table(f"## Best predicted of {len(shapes)} shapes", [prediction(s, acceptance, costs) for _, s in ranked[:12]])
+    report.table(f"## Best predicted of {len(shapes)} shapes",
+                 [prediction(s, acceptance, costs) for _, s in ranked[:12]])
     checked = list(dict.fromkeys([best_tree, best_chain, *args.compare]))
     measured = measure(pair, checked, strategy, held_out, args.max_new_tokens, clock)
     rows = []
