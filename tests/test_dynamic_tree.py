@@ -273,3 +273,17 @@ def test_variants_that_are_not_exact_fail_the_same_test(small_pair, strategy, dr
     target, draft = small_pair
     report = check_lossless(strategy, make_drafter=lambda d, t: drafter(d, 4, 1, 6), k=1, target=target, draft=draft)
     assert not report.lossless, report
+
+
+def test_the_tree_bench_runs_dynamic_trees_beside_chains_and_static_trees(target, unrelated):
+    from conftest import TickingClock, random_prompts
+    from experiments import harness, tree_bench
+
+    pair = harness.Pair("tiny", unrelated, target, random_prompts([5, 7], seed=3), None, True)
+    args = tree_bench.parse_args(["--max-new-tokens", "10", "--chains", "4", "--trees", "2-1", "--dynamic",
+                                  "6-3-2"])
+    rows = tree_bench.compare(pair, tree_bench.groups_from(args), args, TickingClock())
+    assert [row["method"] for row in rows] == ["baseline", "chain k=4", "tree 2-1", "dynamic 6-3-2"]
+    assert rows[-1]["nodes per call"] == 6 and all(row["same tokens as baseline"] is True for row in rows)
+    with pytest.raises(SystemExit):
+        tree_bench.parse_args(["--dynamic", "30-2-3"])  # more nodes than two levels of top-3 hold
