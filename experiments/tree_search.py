@@ -21,8 +21,10 @@ prediction.
    same loop without a drafter. The best tree wins; the best chain (a ``ModelDrafter`` of k) is kept beside it.
 4. Check: the chosen tree, the best chain and the hand-picked trees of docs/bench/trees-cpu.md (--compare) run
    interleaved with the baseline on held-out prompts (not the profile ones), as ``experiments.harness`` runs
-   benches. Predicted and measured tau and decode speedup (the time per token after each call's first step, the
-   phase the costs model) side by side, and the end-to-end speedup.
+   benches. Beside each: the search's prediction (profile prompts), the prediction for the held-out prompts
+   themselves (their own greedy traces, taken before any timing, over the same costs), and the measured tau and
+   decode speedup (the time per token after each call's first step, the phase the costs model), and the
+   end-to-end speedup.
 5. Writes ``configs/drafter/<--config-name>.yaml`` (a ``drafter=tree`` option with the chosen branching; run it with
    ``draft_length.k`` >= its depth) and the report (Markdown and JSON) to --out.
 """
@@ -30,8 +32,8 @@ prediction.
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +48,9 @@ from experiments.harness import (
 from specdec import Clock
 from specdec.batching import left_pad
 from specdec.models import SHAPED_PRESETS
-from specdec.profile import time_forwards, time_tree_forwards
-from specdec.tree import MAX_TREE_NODES
+from specdec.cache import CachedModel, TreeFeed, static_capacity
+from specdec.profile import fill, forward_seconds
+from specdec.tree import MAX_TREE_NODES, tree_shape_on
 
 REPO = Path(__file__).resolve().parents[1]
 HAND_PICKED = "2-1-1-1,2-1-1,2-2-1-1"  # the best hand-picked trees of docs/bench/trees-cpu.md (fp32, bf16) and the
@@ -287,14 +290,45 @@ def forward_costs(pair, shapes: list[tuple[int, ...]], repeats: int, clock: Cloc
     chains = sorted({len(s) + 1 for s in shapes if is_chain(s)} | {1})
     trees = sorted({num_nodes(s) for s in shapes if not is_chain(s)})
     draft_trees = sorted({w - 1 for s in shapes if not is_chain(s) for w in level_widths(s)[:-1] if w > 1})
-    return Costs(
-        target_chain=time_forwards(pair.target, prompt, chains, repeats=repeats, clock=clock, label="target"),
-        target_tree=time_tree_forwards(pair.target, prompt, trees, repeats=repeats, clock=clock, label="target"),
-        draft_chain=time_forwards(pair.draft, prompt, [1], repeats=repeats, clock=clock, label="draft"),
-        draft_tree=time_tree_forwards(pair.draft, prompt, draft_trees, repeats=repeats, clock=clock, label="draft")
-        if draft_trees else {},
-        overhead={},
-    )
+    target_chain, target_tree = interleaved_costs(pair.target, prompt, chains, trees, repeats, clock)
+    draft_chain, draft_tree = interleaved_costs(pair.draft, prompt, [1], draft_trees, repeats, clock)
+    return Costs(monotone(target_chain), monotone(target_tree), draft_chain, monotone(draft_tree), overhead={})
+
+
+def interleaved_costs(model, prompt: torch.Tensor, widths: list[int], node_counts: list[int], repeats: int,
+                      clock: Clock, warmup: int = 2) -> tuple[dict[int, float], dict[int, float]]:
+    """Median seconds of a causal forward of each of ``widths`` tokens and of a tree verification of each of
+    ``node_counts`` nodes (the root and N nodes under a tree mask, as the loop runs it; the cost depends on N, not
+    the shape), over one cache holding ``prompt`` [1, C]. Every forward of a round is taken in turn, round after
+    round, so a machine whose speed drifts moves them all alike; each is rolled back before the next."""
+    cache = CachedModel(model, "model").new_cache(1, static_capacity(prompt.shape[1], max(widths + node_counts) + 1),
+                                                  prompt.device)
+    trees = {n: tree_shape_on((n,), prompt.device) for n in node_counts}
+    samples = {("chain", n): [] for n in widths} | {("tree", n): [] for n in node_counts}
+    with torch.inference_mode():
+        fill(cache, prompt)
+        for round_index in range(warmup + repeats):
+            for kind, n in samples:
+                tree = None if kind == "chain" else TreeFeed(trees[n].depth_offsets, trees[n].ancestors)
+                seconds = forward_seconds(cache, prompt[:, : n if tree is None else n + 1], clock, tree)
+                if round_index >= warmup:
+                    samples[kind, n].append(seconds)
+    medians = {key: statistics.median(times) for key, times in samples.items()}
+    return ({n: medians["chain", n] for n in widths}, {n: medians["tree", n] for n in node_counts})
+
+
+def monotone(costs: dict[int, float]) -> dict[int, float]:
+    """Costs by size fitted non-decreasing (isotonic regression, pool adjacent violators): a forward of more tokens
+    never costs less, so a dip is noise (and a search would exploit it); a spike is averaged with its neighbours
+    rather than carried to every larger size."""
+    blocks: list[list[float]] = []  # [mean, count] of pooled runs of sizes
+    for n in sorted(costs):
+        blocks.append([costs[n], 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (upper, m), (lower, k) = blocks.pop(), blocks.pop()
+            blocks.append([(upper * m + lower * k) / (m + k), m + k])
+    fitted = [mean for mean, count in blocks for _ in range(int(count))]
+    return dict(zip(sorted(costs), fitted))
 
 
 # --- decoding ---------------------------------------------------------------------------------------------------
@@ -432,21 +466,31 @@ def main(argv=None) -> None:
     report.table(f"## Best predicted of {len(shapes)} shapes",
                  [prediction(s, acceptance, costs) for _, s in ranked[:12]])
     checked = list(dict.fromkeys([best_tree, best_chain, *args.compare]))
+    # The held-out prompts' own traces (a schedule is the same everywhere): what the model predicts for the very
+    # prompts measured, taken before any of them is timed.
+    held_out_acceptance = acceptance if shaped else greedy_traces(pair, held_out, args.max_new_tokens)
     measured = measure(pair, checked, strategy, held_out, args.max_new_tokens, clock)
     rows = []
     for shape in checked:
-        predicted = prediction(shape, acceptance, costs)
+        predicted = prediction(shape, held_out_acceptance, costs)
         got = measured[shape]
-        rows.append({**{("method" if k == "shape" else k): v for k, v in predicted.items() if k != "step ms"},
-                     "measured tau": round(got["tau"], 3), "measured decode speedup": round(got["decode speedup"], 3),
+        rows.append({"method": label(shape), "nodes": num_nodes(shape),
+                     "predicted speedup (profile)": prediction(shape, acceptance, costs)["predicted speedup"],
+                     "predicted tau": predicted["predicted tau"], "measured tau": round(got["tau"], 3),
+                     "predicted speedup": predicted["predicted speedup"],
+                     "measured decode speedup": round(got["decode speedup"], 3),
                      "measured / predicted": round(got["decode speedup"] / predicted["predicted speedup"], 3),
                      "end-to-end speedup": round(got["speedup"], 3),
                      "same tokens as baseline": got["same tokens as baseline"],
                      "role": "chosen tree" if shape == best_tree else "best chain" if shape == best_chain
                      else "hand-picked"})
     report.table("## Prediction and measurement (held-out prompts, interleaved with the baseline)", rows,
-                 "Speedups are over the same loop without a drafter; decode = after each call's first step.")
-    config = write_config(best_tree, args.config_dir, args.config_name, setting, rows[0]["predicted speedup"])
+                 "Speedups are over the same loop without a drafter; decode = after each call's first step, the "
+                 "phase the costs model. The search ranks shapes by the profile prompts' prediction; the "
+                 "prediction beside each measurement replays the held-out prompts' own greedy traces (taken before "
+                 "any was timed) over the same costs.")
+    config = write_config(best_tree, args.config_dir, args.config_name, setting,
+                          rows[0]["predicted speedup (profile)"])
     report.add(f"Wrote `{config}` (branching {list(best_tree)}).")
     out = args.out or default_out_dir("tree_search")
     report.write(out / "tree_search.md", {"setting": setting, "costs": vars(costs), "checked": rows,

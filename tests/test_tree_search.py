@@ -77,6 +77,11 @@ def test_the_schedules_expectation_matches_decoding_at_synthetic_acceptance(pair
     assert out.stats.target_calls == pytest.approx(predicted.calls, rel=0.04)  # ~570 calls: 4 % is ~4 sigma
 
 
+def test_noisy_costs_are_fitted_non_decreasing_without_carrying_a_spike_forward():
+    fitted = tree_search.monotone({1: 1.0, 2: 3.0, 3: 2.0, 4: 4.0, 8: 1.0, 16: 5.0})
+    assert list(fitted.values()) == pytest.approx([1.0, 2.5, 2.5, 2.5, 2.5, 5.0])
+
+
 def test_a_decay_schedule_falls_per_position():
     schedule = Schedule([0.8], decay=0.5, prompts=1, max_new_tokens=8)
     assert schedule.rates(3) == pytest.approx([0.8, 0.4, 0.2])
