@@ -53,8 +53,9 @@ from specdec.profile import fill, forward_seconds
 from specdec.tree import MAX_TREE_NODES, tree_shape_on
 
 REPO = Path(__file__).resolve().parents[1]
-HAND_PICKED = "2-1-1-1,2-1-1,2-2-1-1"  # the best hand-picked trees of docs/bench/trees-cpu.md (fp32, bf16) and the
-# default tree option
+# The best chain (k = 8, a branching of ones) and hand-picked trees (fp32: 2-1-1-1, bf16: 2-1-1) of
+# docs/bench/trees-cpu.md, and the default tree option.
+HAND_PICKED = "1-1-1-1-1-1-1-1,2-1-1-1,2-1-1,2-2-1-1"
 CALIBRATION_CHAIN, CALIBRATION_TREE = (1, 1, 1, 1), (2, 2, 1)  # whose runs give the loop's time per step
 CALIBRATION_PROMPTS = 4  # profile prompts the calibration runs decode
 COST_CONTEXT = 128  # tokens in the cache when forwards are timed (about a prompt and its continuation)
@@ -76,7 +77,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="a *-shaped pair's synthetic per-position acceptance a_1,a_2,... (the last repeats)")
     p.add_argument("--decay", type=float, default=1.0, help="with one --acceptance: a_i = a * decay^(i-1)")
     p.add_argument("--compare", type=branchings_arg, default=HAND_PICKED,
-                   help="hand-picked trees measured beside the choice, e.g. 2-1-1,2-2-1-1")
+                   help="hand-picked shapes measured beside the choice, e.g. 2-1-1,2-2-1-1 (all ones: a chain)")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per forward (costs)")
     p.add_argument("--config-name", default="tree_searched", help="writes <config-dir>/<name>.yaml")
     p.add_argument("--config-dir", type=Path, default=REPO / "configs" / "drafter",
