@@ -34,6 +34,7 @@ from analysis.tables import format_cell, pivot_metric, to_markdown
 from specdec.results import INTERVAL_METRICS, MIN_PROMPTS_FOR_INTERVAL, ROWS, SUMMARY, finite_values
 
 PIVOT_METRICS = ("speedup", "acceptance_rate", "mean_accepted_length")
+TREE_DRAFTERS = {"tree", "dynamic_tree"}  # drafters whose rows are token trees
 PLOTS = (
     ("speedup.png", plot_speedup, "Measured vs predicted speedup"),
     ("acceptance.png", plot_acceptance, "Acceptance rate and mean accepted length"),
@@ -295,7 +296,7 @@ def tree_section(frame: pd.DataFrame, summary: pd.DataFrame) -> str:
     """Token trees beside chains that verify about as many draft tokens per target call: tau and speedup. Empty
     unless the runs hold both."""
     drafters = set(summary["drafter"]) if "drafter" in summary else set()
-    if "tree" not in drafters or not drafters - {"tree"}:
+    if not drafters & TREE_DRAFTERS or not drafters - TREE_DRAFTERS:
         return ""
     runs = frame.groupby("run_dir", sort=False)[["drafted", "target_calls"]].sum()
     verified = (runs["drafted"] / runs["target_calls"]).reindex(summary["run_dir"]).to_numpy()  # per run
