@@ -197,6 +197,7 @@ class DynamicTreeDrafter(CachedDrafter):
         check_tree_size(node_budget, depth, top_k)
         self.node_budget, self.depth, self.top_k = node_budget, depth, top_k
         self.candidates: CandidateTree | None = None  # this step's, where it drafted
+        self.kept_slots: torch.Tensor | None = None  # [B, N] this step's candidates the proposal holds
         super().__init__(model, label, forward)
 
     def propose(self, k: int, sampling: SamplingConfig, generator: torch.Generator,
