@@ -13,8 +13,9 @@ prediction.
    by ``SyntheticAcceptance`` on a per-position schedule a_i instead, where a node at depth i is kept with
    probability a_i, so depth i is reached with probability prod_{t<=i} (1 - (1 - a_t)^b_t).
 2. Costs, on this machine: the target's forward verifying N nodes (tree mask) or k + 1 tokens (chain), the draft's
-   forward of each level's width, and the loop's own time per step beyond its forwards, from short calibration
-   runs (the baseline, a chain and a tree on the profile prompts).
+   forward of each level's width (interleaved rounds over one cache, fitted non-decreasing), and the loop's own
+   time per step beyond its forwards, timed inside short runs of the baseline, a chain and a tree on the profile
+   prompts.
 3. Search: every branching (b_1, ..., b_d) with at most --node-budget nodes (d <= --max-depth). For each, the
    predicted tokens per step (the traces replayed, or the schedule's expectation, with the budget's last steps
    drafting less as the loop does) and time per step give the predicted decode speedup over the baseline, the
@@ -350,20 +351,16 @@ def decode_method(decoder: specdec.Decoder, pair, max_new_tokens: int) -> Method
     return Method(run)
 
 
-def decode_seconds_per_step(stats: list) -> float:
-    """Seconds per target call after each call's first step."""
-    return sum(s.wall_seconds - s.ttft_seconds for s in stats) / sum(s.target_calls - 1 for s in stats)
-
-
 def calibrate_overheads(pair, prompts, strategy, costs: Costs, args, clock: Clock) -> None:
-    """The loop's seconds per step beyond its forwards, per kind of step, from short runs on the profile prompts."""
+    """The loop's seconds per step beyond its forwards, per kind of step: short runs on the profile prompts with
+    every forward of both models timed inside them, (wall - forwards) / target calls. Measured apart from the
+    forwards, so that a burst of load on a shared machine during these few runs cannot move the forward costs."""
     runs = {"baseline": None, "chain": CALIBRATION_CHAIN, "tree": CALIBRATION_TREE}
     methods = {kind: decode_method(decoder_for(pair, shape, strategy), pair, args.max_new_tokens)
                for kind, shape in runs.items()}
-    tallies = run_interleaved(methods, [[p] for p in prompts], clock)
-    for kind, shape in runs.items():
-        forwards = costs.target_chain[1] if shape is None else costs.forwards(shape)
-        costs.overhead[kind] = decode_seconds_per_step(tallies[kind].stats) - forwards
+    tallies = run_interleaved(methods, [[p] for p in prompts], clock, timed_models=(pair.draft, pair.target))
+    for kind, tally in tallies.items():
+        costs.overhead[kind] = (tally.seconds - tally.forward_seconds) / sum(s.target_calls for s in tally.stats)
 
 
 def cost_rows(costs: Costs) -> list[dict]:
