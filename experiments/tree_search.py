@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -259,7 +258,8 @@ def greedy_traces(pair, prompts: list[list[int]], max_new_tokens: int) -> RankTr
 
 @dataclass
 class Costs:
-    """Seconds on this machine: forwards (medians at batch 1) and the loop's time per step beyond them."""
+    """Seconds on this machine: forwards (the fastest of their repeats, batch 1) and the loop's time per step
+    beyond them."""
 
     target_chain: dict[int, float]  # n tokens, causal (a chain's verify of k + 1, the baseline's step of 1)
     target_tree: dict[int, float]  # N nodes under a tree mask (N + 1 tokens)
@@ -286,7 +286,7 @@ class Costs:
 
 
 def forward_costs(pair, shapes: list[tuple[int, ...]], repeats: int, clock: Clock) -> Costs:
-    """The medians of every forward the shapes need, over a cache of ``COST_CONTEXT`` random tokens."""
+    """Every forward the shapes need (``interleaved_costs``), over a cache of ``COST_CONTEXT`` random tokens."""
     vocab = pair.target.config.vocab_size
     prompt = torch.tensor(random_prompts(1, COST_CONTEXT, vocab), device=pair.target.device)  # [1, C]
     chains = sorted({len(s) + 1 for s in shapes if is_chain(s)} | {1})
@@ -299,10 +299,11 @@ def forward_costs(pair, shapes: list[tuple[int, ...]], repeats: int, clock: Cloc
 
 def interleaved_costs(model, prompt: torch.Tensor, widths: list[int], node_counts: list[int], repeats: int,
                       clock: Clock, warmup: int = 2) -> tuple[dict[int, float], dict[int, float]]:
-    """Median seconds of a causal forward of each of ``widths`` tokens and of a tree verification of each of
+    """Seconds of a causal forward of each of ``widths`` tokens and of a tree verification of each of
     ``node_counts`` nodes (the root and N nodes under a tree mask, as the loop runs it; the cost depends on N, not
-    the shape), over one cache holding ``prompt`` [1, C]. Every forward of a round is taken in turn, round after
-    round, so a machine whose speed drifts moves them all alike; each is rolled back before the next."""
+    the shape), over one cache holding ``prompt`` [1, C]: the fastest of ``repeats``, since load on a shared
+    machine only ever adds time (and slows the runs it predicts alike). Every forward of a round is taken in turn,
+    round after round, so a machine whose speed drifts moves them all alike; each is rolled back before the next."""
     cache = CachedModel(model, "model").new_cache(1, static_capacity(prompt.shape[1], max(widths + node_counts) + 1),
                                                   prompt.device)
     trees = {n: tree_shape_on((n,), prompt.device) for n in node_counts}
@@ -315,8 +316,8 @@ def interleaved_costs(model, prompt: torch.Tensor, widths: list[int], node_count
                 seconds = forward_seconds(cache, prompt[:, : n if tree is None else n + 1], clock, tree)
                 if round_index >= warmup:
                     samples[kind, n].append(seconds)
-    medians = {key: statistics.median(times) for key, times in samples.items()}
-    return ({n: medians["chain", n] for n in widths}, {n: medians["tree", n] for n in node_counts})
+    fastest = {key: min(times) for key, times in samples.items()}
+    return ({n: fastest["chain", n] for n in widths}, {n: fastest["tree", n] for n in node_counts})
 
 
 def monotone(costs: dict[int, float]) -> dict[int, float]:
@@ -456,7 +457,7 @@ def main(argv=None) -> None:
     shapes = all_branchings(args.node_budget, args.max_depth)
     costs = forward_costs(pair, shapes + args.compare + [CALIBRATION_CHAIN, CALIBRATION_TREE], args.repeats, clock)
     calibrate_overheads(pair, profile[:CALIBRATION_PROMPTS], strategy, costs, args, clock)
-    report.table("## Costs (ms, median at batch 1)", cost_rows(costs),
+    report.table("## Costs (ms, the fastest of --repeats, batch 1)", cost_rows(costs),
                  "The loop's time per step beyond its forwards: " + ", ".join(
                      f"{kind} {1000 * seconds:.2f} ms" for kind, seconds in costs.overhead.items()) + ".")
     ranked = search(acceptance, costs, shapes)
