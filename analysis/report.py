@@ -323,8 +323,7 @@ def acceptance_section(summary: pd.DataFrame) -> str:
         "τ (our AL)": [with_ci(run, "mean_accepted_length") for _, run in summary.iterrows()],
         "vLLM AL": [with_ci(run, "vllm_acceptance_length") for _, run in summary.iterrows()],
         "acceptance rate": [with_ci(run, "acceptance_rate") for _, run in summary.iterrows()],
-        "a_i (i = 1..k)": [", ".join(format_cell(a) for a in run["per_position_acceptance"])
-                           for _, run in summary.iterrows()],
+        "a_i (i = 1..k)": [per_position_text(run["per_position_acceptance"]) for _, run in summary.iterrows()],
         "steps by drafts kept, h_0..h_k (share)": [histogram_text(run["accepted_histogram"])
                                                    for _, run in summary.iterrows()],
     })
@@ -333,6 +332,11 @@ def acceptance_section(summary: pd.DataFrame) -> str:
             + "\n\nPer run: means over prompts [95% Student t interval]; a_i the per-position mean over prompts; the "
             "histogram sums every prompt's steps (plot below). τ counts every target call, vLLM's AL only those "
             "that verified drafts.\n\n" + to_markdown(table, index=False) + "\n")
+
+
+def per_position_text(values: list) -> str:
+    """'0.97, 0.98, 0.63, –': a_i where some prompt reached position i, a dash where none did."""
+    return ", ".join("–" if value is None or math.isnan(value) else format_cell(value) for value in values)
 
 
 def histogram_text(histogram: list) -> str:

@@ -116,8 +116,8 @@ class Metrics:
         "reached. vLLM's per-position acceptance rate is unconditional: a_1 a_2 ... a_i")
     accepted_histogram: list[int] = column(
         "length k + 1: h_j = verification steps that drafted and kept j drafts (the bonus token not counted), "
-        "j = 0..k (vLLM's per-request acceptance histogram); sum_j j h_j = accepted. Absent in rows written before "
-        "it existed")
+        "j = 0..k (vLLM's per-request acceptance histogram); sum_j j h_j = accepted, counted as A is: a tree, "
+        "which drafts past an EOS, may keep drafts the EOS then cuts. Absent in rows written before it existed")
     expected_acceptance: float | None = column(
         "mean over verified positions of sum_x min(p_draft(x), p_target(x)), with p_draft the point mass at the "
         "draft where the drafter gives no distributions (n-gram); null when nothing was verified (batch)")
