@@ -13,7 +13,7 @@ prediction.
    by ``SyntheticAcceptance`` on a per-position schedule a_i instead, where a node at depth i is kept with
    probability a_i, so depth i is reached with probability prod_{t<=i} (1 - (1 - a_t)^b_t).
 2. Costs, on this machine: the target's forward verifying N nodes (tree mask) or k + 1 tokens (chain), the draft's
-   forward of each level's width (interleaved rounds over one cache, fitted non-decreasing), and the loop's own
+   forward of each level's width (rounds of specdec.profile's timers, fitted non-decreasing), and the loop's own
    time per step beyond its forwards, timed inside short runs of the baseline, a chain and a tree on the profile
    prompts.
 3. Search: every branching (b_1, ..., b_d) with at most --node-budget nodes (d <= --max-depth). For each, the
@@ -48,9 +48,8 @@ from experiments.harness import (
 from specdec import Clock
 from specdec.batching import left_pad
 from specdec.models import SHAPED_PRESETS
-from specdec.cache import CachedModel, TreeFeed, static_capacity
-from specdec.profile import fill, forward_seconds
-from specdec.tree import MAX_TREE_NODES, tree_shape_on
+from specdec.profile import time_forwards, time_tree_forwards
+from specdec.tree import MAX_TREE_NODES
 
 REPO = Path(__file__).resolve().parents[1]
 # The best chain (k = 8, a branching of ones) and hand-picked trees (fp32: 2-1-1-1, bf16: 2-1-1) of
@@ -298,26 +297,19 @@ def forward_costs(pair, shapes: list[tuple[int, ...]], repeats: int, clock: Cloc
 
 
 def interleaved_costs(model, prompt: torch.Tensor, widths: list[int], node_counts: list[int], repeats: int,
-                      clock: Clock, warmup: int = 2) -> tuple[dict[int, float], dict[int, float]]:
+                      clock: Clock) -> tuple[dict[int, float], dict[int, float]]:
     """Seconds of a causal forward of each of ``widths`` tokens and of a tree verification of each of
-    ``node_counts`` nodes (the root and N nodes under a tree mask, as the loop runs it; the cost depends on N, not
-    the shape), over one cache holding ``prompt`` [1, C]: the fastest of ``repeats``, since load on a shared
-    machine only ever adds time (and slows the runs it predicts alike). Every forward of a round is taken in turn,
-    round after round, so a machine whose speed drifts moves them all alike; each is rolled back before the next."""
-    cache = CachedModel(model, "model").new_cache(1, static_capacity(prompt.shape[1], max(widths + node_counts) + 1),
-                                                  prompt.device)
-    trees = {n: tree_shape_on((n,), prompt.device) for n in node_counts}
-    samples = {("chain", n): [] for n in widths} | {("tree", n): [] for n in node_counts}
-    with torch.inference_mode():
-        fill(cache, prompt)
-        for round_index in range(warmup + repeats):
-            for kind, n in samples:
-                tree = None if kind == "chain" else TreeFeed(trees[n].depth_offsets, trees[n].ancestors)
-                seconds = forward_seconds(cache, prompt[:, : n if tree is None else n + 1], clock, tree)
-                if round_index >= warmup:
-                    samples[kind, n].append(seconds)
-    fastest = {key: min(times) for key, times in samples.items()}
-    return ({n: fastest["chain", n] for n in widths}, {n: fastest["tree", n] for n in node_counts})
+    ``node_counts`` nodes (``specdec.profile``: the root and N nodes under a tree mask, as the loop runs it; the cost
+    depends on N, not the shape), over a cache holding ``prompt`` [1, C]: the fastest of ``repeats`` rounds, since
+    load on a shared machine only ever adds time (and slows the runs it predicts alike). Each round takes every
+    forward in turn, so a machine whose speed drifts moves them all alike."""
+    chain_rounds, tree_rounds = [], []
+    for _ in range(repeats):
+        chain_rounds.append(time_forwards(model, prompt, widths, repeats=1, warmup=1, clock=clock))
+        if node_counts:
+            tree_rounds.append(time_tree_forwards(model, prompt, node_counts, repeats=1, warmup=1, clock=clock))
+    return ({n: min(r[n] for r in chain_rounds) for n in widths},
+            {n: min(r[n] for r in tree_rounds) for n in node_counts})
 
 
 def monotone(costs: dict[int, float]) -> dict[int, float]:
