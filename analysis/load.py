@@ -37,7 +37,7 @@ from specdec.results import (
 )
 
 # What analysis/ itself reads; other schema columns are loaded when present (rows of older runs lack some).
-REQUIRED_COLUMNS = (*ROW_KEY, "pair", "strategy", "k", "sampling", *INTERVAL_METRICS, *LIST_COLUMNS)
+REQUIRED_COLUMNS = (*ROW_KEY, "pair", "strategy", "k", "sampling", *INTERVAL_METRICS, "per_position_acceptance")
 
 
 class ResultsError(ValueError):

@@ -109,6 +109,31 @@ def plot_throughput(data: pd.DataFrame, path: str | Path) -> Path:
     return save(fig, path)
 
 
+def plot_accepted_histogram(data: pd.DataFrame, path: str | Path) -> Path:
+    """Per run, the share of its drafting steps that kept j drafts (j = 0..k, the bonus token not counted): a panel
+    per run, a dashed line at its mean (vLLM's acceptance length less 1)."""
+    summary = as_summary(data)
+    axes = varying_axes(summary)
+    runs = [(label, run) for (_, run), label in
+            zip(summary.iterrows(), (setting_label(run, axes) for _, run in summary.iterrows()))]
+    fig, grid = panel_grid(runs, width=5.5, height=3.4)
+    for ax, (label, run) in zip(grid, runs):
+        counts = np.asarray(run.get("accepted_histogram") or [], dtype=float)
+        ax.set(title=label, xlabel="drafts accepted in a step", ylim=(0, 1.05))
+        if not counts.sum():
+            ax.text(0.5, 0.5, "no histogram in these rows", ha="center", va="center", transform=ax.transAxes)
+            continue
+        shares = counts / counts.sum()
+        ax.bar(np.arange(len(shares)), shares, color="tab:blue")
+        mean = float((np.arange(len(shares)) * shares).sum())
+        ax.axvline(mean, color="black", linestyle="--", linewidth=1, label=f"mean {mean:.2f} (AL {1 + mean:.2f})")
+        integer_ticks(ax, range(len(shares)))
+        ax.legend(fontsize="small", loc="upper left")
+    label_first_column(grid, "share of drafting steps")
+    fig.suptitle(title(summary, "Accepted drafts per step (all prompts of each run)"))
+    return save(fig, path)
+
+
 def as_summary(data: pd.DataFrame) -> pd.DataFrame:
     """Accept a per-prompt frame (it has prompt_id) or a summary."""
     return summarize_runs(data) if "prompt_id" in data.columns else data

@@ -26,17 +26,35 @@ from analysis.load import (
     read_runs,
     unfinished_jobs,
 )
-from analysis.plots import plot_acceptance, plot_per_position, plot_speedup, plot_throughput
+from analysis.plots import (
+    plot_accepted_histogram, plot_acceptance, plot_per_position, plot_speedup, plot_throughput,
+)
 from analysis.summarize import format_value, setting_label, summarize_runs, varying_axes
 from analysis.tables import format_cell, pivot_metric, to_markdown
 from specdec.results import INTERVAL_METRICS, MIN_PROMPTS_FOR_INTERVAL, ROWS, SUMMARY, finite_values
 
 PIVOT_METRICS = ("speedup", "acceptance_rate", "mean_accepted_length")
+TREE_DRAFTERS = {"tree", "dynamic_tree"}  # drafters whose rows are token trees
 PLOTS = (
     ("speedup.png", plot_speedup, "Measured vs predicted speedup"),
     ("acceptance.png", plot_acceptance, "Acceptance rate and mean accepted length"),
     ("per_position.png", plot_per_position, "Per-position acceptance"),
     ("throughput.png", plot_throughput, "Throughput"),
+    ("accepted_histogram.png", plot_accepted_histogram, "Accepted drafts per step"),
+)
+# Our metrics beside the names vLLM and Spec-Bench (Xia et al. 2024) give the same things: (column, definition,
+# vLLM, Spec-Bench).
+DEFINITIONS = (
+    ("`mean_accepted_length` τ", "E / N: tokens emitted per target call, the bonus token included",
+     "mean acceptance length (AL) = 1 + accepted / drafts (steps that drafted)", "#mean accepted tokens (τ)"),
+    ("`acceptance_rate`", "A / D: draft tokens kept / draft tokens proposed (a tree's nodes all count)",
+     "draft acceptance rate", "—"),
+    ("`per_position_acceptance` a_i", "P(draft i kept given drafts 1..i-1 kept), per depth for a tree",
+     "per-position acceptance rate, unconditional: a_1 ⋯ a_i", "—"),
+    ("`accepted_histogram` h_j", "steps that drafted and kept j drafts, j = 0..k (bonus not counted)",
+     "per-request acceptance histogram", "—"),
+    ("`speedup`", "baseline seconds per token / speculative seconds per token, same prompts and process",
+     "— (throughput, tokens/s)", "speedup (walltime over vanilla autoregressive decoding)"),
 )
 
 
@@ -88,6 +106,7 @@ def write_report(paths: list[str], out: str | None = None) -> Path:
         summary_section(summary),
         pivot_section(summary, out_dir),
         tree_section(frame, summary),
+        acceptance_section(summary),
         plot_section(summary, out_dir),
     ]
     return write_markdown(out_dir, "\n".join(sections))
@@ -277,7 +296,7 @@ def tree_section(frame: pd.DataFrame, summary: pd.DataFrame) -> str:
     """Token trees beside chains that verify about as many draft tokens per target call: tau and speedup. Empty
     unless the runs hold both."""
     drafters = set(summary["drafter"]) if "drafter" in summary else set()
-    if "tree" not in drafters or not drafters - {"tree"}:
+    if not drafters & TREE_DRAFTERS or not drafters - TREE_DRAFTERS:
         return ""
     runs = frame.groupby("run_dir", sort=False)[["drafted", "target_calls"]].sum()
     verified = (runs["drafted"] / runs["target_calls"]).reindex(summary["run_dir"]).to_numpy()  # per run
@@ -292,6 +311,40 @@ def tree_section(frame: pd.DataFrame, summary: pd.DataFrame) -> str:
             "nodes), then τ and speedup, mean [95% CI]: compare a tree with the chain that verifies as many tokens. "
             "A tree's acceptance rate counts every node it drafted, so compare τ, not acceptance.\n\n"
             + to_markdown(table, index=False) + "\n")
+
+
+def acceptance_section(summary: pd.DataFrame) -> str:
+    """The acceptance metrics as the field reports them: a definitions table with vLLM's and Spec-Bench's names,
+    then per run τ and vLLM's AL with 95% CIs, the acceptance rate, a_i and the accepted-per-step histogram."""
+    definitions = pd.DataFrame(DEFINITIONS, columns=["ours", "definition", "vLLM", "Spec-Bench"])
+    axes = label_axes(summary)
+    table = pd.DataFrame({
+        "setting": [label(run, axes) for _, run in summary.iterrows()],
+        "τ (our AL)": [with_ci(run, "mean_accepted_length") for _, run in summary.iterrows()],
+        "vLLM AL": [with_ci(run, "vllm_acceptance_length") for _, run in summary.iterrows()],
+        "acceptance rate": [with_ci(run, "acceptance_rate") for _, run in summary.iterrows()],
+        "a_i (i = 1..k)": [per_position_text(run["per_position_acceptance"]) for _, run in summary.iterrows()],
+        "steps by drafts kept, h_0..h_k (share)": [histogram_text(run["accepted_histogram"])
+                                                   for _, run in summary.iterrows()],
+    })
+    return ("## Acceptance, as the field reports it\n\nDefinitions, beside vLLM's and Spec-Bench's names for the "
+            "same things:\n\n" + to_markdown(definitions, index=False)
+            + "\n\nPer run: means over prompts [95% Student t interval]; a_i the per-position mean over prompts; the "
+            "histogram sums every prompt's steps (plot below). τ counts every target call, vLLM's AL only those "
+            "that verified drafts.\n\n" + to_markdown(table, index=False) + "\n")
+
+
+def per_position_text(values: list) -> str:
+    """'0.97, 0.98, 0.63, –': a_i where some prompt reached position i, a dash where none did."""
+    return ", ".join("–" if value is None or math.isnan(value) else format_cell(value) for value in values)
+
+
+def histogram_text(histogram: list) -> str:
+    """'0: 12%, 1: 30%, ...' for h_0..h_k; an empty cell where the rows hold none."""
+    total = sum(histogram) if isinstance(histogram, list) else 0
+    if not total:
+        return ""
+    return ", ".join(f"{j}: {100 * count / total:.0f}%" for j, count in enumerate(histogram))
 
 
 if __name__ == "__main__":

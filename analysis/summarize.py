@@ -13,10 +13,13 @@ from specdec.results import CONDITION_COLUMNS, INTERVAL_METRICS, METRIC_COLUMNS,
 
 # A run's predicted speedup is recomputed from its mean acceptance rate and mean cost ratio, not averaged.
 SUMMARIZED_METRICS = tuple(metric for metric in INTERVAL_METRICS if metric != "predicted_speedup")
-STAT_COLUMNS = tuple(f"{metric}_{stat}" for metric in SUMMARIZED_METRICS for stat in ("mean", "ci_low", "ci_high"))
+# Metrics derived per prompt from a row's columns (``per_prompt_metrics``), summarised like the others.
+DERIVED_METRICS = ("vllm_acceptance_length",)
+STAT_COLUMNS = tuple(f"{metric}_{stat}" for metric in SUMMARIZED_METRICS + DERIVED_METRICS
+                     for stat in ("mean", "ci_low", "ci_high"))
 # Summary columns that describe neither a setting nor a summarized metric.
 BOOKKEEPING_COLUMNS = ("run_id", "group", "run_dir", "partial", "n_prompts", "predicted_speedup",
-                       "per_position_acceptance", "most_concurrent_jobs", "hosts")
+                       "per_position_acceptance", "accepted_histogram", "most_concurrent_jobs", "hosts")
 
 
 def predicted_speedup(alpha, k, cost_ratio) -> np.ndarray:
@@ -29,7 +32,9 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
     metric `<metric>_mean`, `<metric>_ci_low`, `<metric>_ci_high` (95% t interval over prompts).
 
     Also `predicted_speedup` recomputed from the mean acceptance rate and mean cost ratio,
-    `per_position_acceptance` as the per-position mean over prompts, and, where rows count them,
+    `per_position_acceptance` as the per-position mean over prompts, `accepted_histogram` summed over prompts
+    (steps of the whole run by drafts kept; empty where rows lack it), `vllm_acceptance_length` (mean and interval
+    over prompts of 1 + accepted / steps that drafted, from each row's histogram), and, where rows count them,
     `most_concurrent_jobs`: the most jobs of the sweep that ran on the run's machine while it decoded, and
     `hosts`: the machines its rows were decoded on (two when a requeued job moved).
     """
@@ -46,6 +51,11 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
         for metric in SUMMARIZED_METRICS:
             record.update(zip((f"{metric}_mean", f"{metric}_ci_low", f"{metric}_ci_high"),
                               confidence_interval(rows[metric], metric=metric)))
+        histograms = rows["accepted_histogram"] if "accepted_histogram" in rows else pd.Series([], dtype=object)
+        record["accepted_histogram"] = summed_histogram(histograms)
+        record.update(zip(("vllm_acceptance_length_mean", "vllm_acceptance_length_ci_low",
+                           "vllm_acceptance_length_ci_high"),
+                          confidence_interval(map(vllm_acceptance_length, histograms), metric="mean_accepted_length")))
         record["run_dir"] = run_dir
         records.append(record)
     summary = pd.DataFrame(records)
@@ -53,6 +63,21 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
                                                      summary["cost_ratio_mean"])
     summary["per_position_acceptance"] = mean_per_position(frame, summary["run_id"])
     return summary
+
+
+def summed_histogram(histograms: pd.Series) -> list[int]:
+    """The prompts' accepted histograms (lists h_j, j = 0..k) summed entry by entry; rows without one add nothing."""
+    lists = [h for h in histograms if isinstance(h, list)]
+    width = max(map(len, lists), default=0)
+    return [sum(h[j] for h in lists if j < len(h) and isinstance(h[j], (int, float))) for j in range(width)]
+
+
+def vllm_acceptance_length(histogram: object) -> float:
+    """vLLM's mean acceptance length of one row, 1 + sum_j j h_j / sum_j h_j (over the steps that drafted); NaN
+    without a histogram or a step that drafted."""
+    if not isinstance(histogram, list) or not sum(histogram):
+        return math.nan
+    return 1 + sum(j * count for j, count in enumerate(histogram)) / sum(histogram)
 
 
 def constant_columns(frame: pd.DataFrame) -> list[str]:

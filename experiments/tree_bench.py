@@ -3,8 +3,11 @@
     python -m experiments.tree_bench                         # embedded pair, fp32, greedy
     python -m experiments.tree_bench --dtype bfloat16
     python -m experiments.tree_bench --verify-costs gpt2-xl-shaped --dtype bfloat16   # GPT-2 XL shapes
+    python -m experiments.tree_bench --dtype bfloat16 --chains 4,8 --trees 2-1-1,2-1-1-1 --dynamic 10-6-2,16-5-4
 
-Part 1 (the pair): each group verifies N draft nodes per target call: the chain with k = N, and trees with N nodes.
+Part 1 (the pair): each group verifies N draft nodes per target call: the chain with k = N, and trees with N nodes
+(--chains and --trees replace the default groups; --dynamic adds dynamic trees, ``DynamicTreeDrafter``, of
+node_budget-depth-top_k, each row's tree its own).
 Every method decodes every held-out prompt in one process, interleaved with the autoregressive baseline of the
 same loop (the order rotates per prompt), after a warm-up call each. Columns: tau = tokens per target call, the target's
 and the draft's time per call, tokens/s, and the speedup over the baseline. At temperature 0 every method must emit
@@ -24,12 +27,14 @@ import transformers
 
 import specdec
 from experiments.harness import (
-    Decoded, Method, Report, argument_parser, load_bench_pair, positive_int, random_prompts, run_interleaved,
-    single_temperature,
+    Decoded, Method, Report, argument_parser, load_bench_pair, positive_int, positive_ints, random_prompts,
+    run_interleaved, single_temperature,
 )
 from specdec import Clock
 from specdec.batching import left_pad
+from specdec.dynamic_tree import check_tree_size
 from specdec.profile import time_forwards, time_tree_forwards
+from specdec.tree import tree_shape
 
 # Groups of methods that verify the same number N of draft nodes per target call: a chain of k = N, then trees.
 DEFAULT_GROUPS = {
@@ -52,33 +57,74 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=positive_int, default=None)
     p.add_argument("--verify-costs", metavar="PAIR", default=None,
                    help="also time tree verification on this pair's target (e.g. gpt2-xl-shaped)")
+    p.add_argument("--chains", type=positive_ints, default=None, help="chains of these k (replaces the groups)")
+    p.add_argument("--trees", type=branchings, default=None, help="static trees, e.g. 2-1-1,2-2-1-1 (replaces the "
+                   "groups)")
+    p.add_argument("--dynamic", type=dynamic_sizes, default=[], help="dynamic trees node_budget-depth-top_k, e.g. "
+                   "10-6-2,16-5-4")
     p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--out", type=Path, default=None, help="write the tables (Markdown) and a JSON copy here")
     return p.parse_args(argv)
+
+
+def branchings(text: str) -> list[tuple[int, ...]]:
+    """'2-1-1,2-2-1-1' -> [(2, 1, 1), (2, 2, 1, 1)]."""
+    return [tuple(positive_ints(part.replace("-", ","))) for part in text.split(",")]
+
+
+def dynamic_sizes(text: str) -> list[tuple[int, int, int]]:
+    """'10-6-2,16-5-4' -> [(10, 6, 2), (16, 5, 4)], each a valid (node_budget, depth, top_k)."""
+    sizes = branchings(text)
+    for size in sizes:
+        if len(size) != 3:
+            raise argparse.ArgumentTypeError(f"expected node_budget-depth-top_k, got {'-'.join(map(str, size))!r}")
+        try:
+            check_tree_size(*size)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return sizes
+
+
+def groups_from(args) -> dict:
+    """Nodes per call -> trees: the default groups, or those --chains and --trees give (a chain of k in group k)."""
+    if args.chains is None and args.trees is None:
+        return DEFAULT_GROUPS
+    groups: dict[int, list] = {k: [] for k in args.chains or []}
+    for branching in args.trees or []:
+        groups.setdefault(tree_shape(branching).num_nodes, []).append(branching)
+    return dict(sorted(groups.items()))
 
 
 def tree_label(branching: tuple[int, ...]) -> str:
     return "tree " + "-".join(map(str, branching))
 
 
-def decoders(pair, groups: dict, temperature: float) -> dict[str, tuple[specdec.Decoder, int]]:
-    """Name -> (decoder, nodes verified per call): the baseline, then per group the chain and its trees."""
+def decoders(pair, groups: dict, temperature: float, dynamic: list = (), chains: bool = True
+             ) -> dict[str, tuple[specdec.Decoder, int]]:
+    """Name -> (decoder, nodes verified per call): the baseline, then per group the chain (unless ``chains`` is
+    False: --trees without --chains) and its trees, then the dynamic trees."""
     sampling = specdec.SamplingConfig(temperature=temperature)
     made = {"baseline": (specdec.Decoder(pair.target, None, specdec.Speculative(), sampling=sampling), 0)}
+
+    def add(name: str, drafter, depth: int, nodes: int) -> None:
+        made[name] = (specdec.Decoder(pair.target, drafter, specdec.Speculative(), specdec.FixedLength(depth),
+                                      sampling), nodes)
+
     for nodes, trees in groups.items():
-        made[f"chain k={nodes}"] = (specdec.Decoder(pair.target, specdec.ModelDrafter(pair.draft),
-                                                    specdec.Speculative(), specdec.FixedLength(nodes), sampling),
-                                    nodes)
+        if chains:
+            add(f"chain k={nodes}", specdec.ModelDrafter(pair.draft), nodes, nodes)
         for branching in trees:
-            drafter = specdec.TreeDrafter(pair.draft, branching)
-            made[tree_label(branching)] = (specdec.Decoder(pair.target, drafter, specdec.Speculative(),
-                                                           specdec.FixedLength(len(branching)), sampling), nodes)
+            add(tree_label(branching), specdec.TreeDrafter(pair.draft, branching), len(branching), nodes)
+    for node_budget, depth, top_k in dynamic:
+        add(f"dynamic {node_budget}-{depth}-{top_k}", specdec.DynamicTreeDrafter(pair.draft, node_budget, depth, top_k),
+            depth, node_budget)
     return made
 
 
 def compare(pair, groups: dict, args, clock: Clock) -> list[dict]:
     """One row per method: tau, costs per call, tokens/s and speedup, from one interleaved run."""
-    made = decoders(pair, groups, args.temperature)
+    made = decoders(pair, groups, args.temperature, args.dynamic,
+                    chains=args.chains is not None or args.trees is None)
 
     def method(decoder: specdec.Decoder) -> Method:
         def run(batch: list[list[int]], index: int) -> Decoded:
@@ -115,8 +161,9 @@ def verify_costs(name: str, args, clock: Clock) -> list[dict]:
     step = time_forwards(pair.target, prompt, [1], repeats=args.repeats, clock=clock)[1]
     chains = time_forwards(pair.target, prompt, [n + 1 for n in VERIFY_NODE_COUNTS], repeats=args.repeats, clock=clock)
     trees = time_tree_forwards(pair.target, prompt, VERIFY_NODE_COUNTS, repeats=args.repeats, clock=clock)
-    return [{"nodes N": n, "tree verify ms": round(1000 * trees[n], 2), "chain of N+1 ms": round(1000 * chains[n + 1], 2),
-             "tree verify / decode step": round(trees[n] / step, 2)} for n in VERIFY_NODE_COUNTS]
+    return [{"nodes N": n, "tree verify ms": round(1000 * trees[n], 2),
+             "chain of N+1 ms": round(1000 * chains[n + 1], 2), "tree verify / decode step": round(trees[n] / step, 2)}
+            for n in VERIFY_NODE_COUNTS]
 
 
 def main(argv=None) -> None:
@@ -129,7 +176,7 @@ def main(argv=None) -> None:
     setting = (f"{pair.name}, {args.dtype}, {args.device}, temperature {args.temperature}, {args.prompts} held-out "
                f"prompts x {args.max_new_tokens} tokens, batch 1, speculative sampling")
     report = Report()
-    rows = compare(pair, DEFAULT_GROUPS, args, clock)
+    rows = compare(pair, groups_from(args), args, clock)
     report.table(f"## Trees against chains verifying the same number of nodes ({setting})", rows)
     results = {"setting": setting, "compare": rows}
     if args.verify_costs:

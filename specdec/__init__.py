@@ -13,6 +13,7 @@ from specdec.api import Decoder
 from specdec.emit import GenerationOutput, NonFiniteLogitsError, StrategyVerdictError
 from specdec.cross_tokenizer import CrossTokenizerDrafter
 from specdec.drafters import ModelDrafter, NoDrafter, TreeDrafter
+from specdec.dynamic_tree import DynamicTreeDrafter
 from specdec.early_exit import EarlyExitDrafter
 from specdec.models import ModelPair, ModelUnavailableError, load_pair, resolve_device, resolve_dtype
 from specdec.ngram import NGramDrafter
@@ -47,6 +48,7 @@ __all__ = [
     "NoDrafter",
     "TreeDrafter",
     "CrossTokenizerDrafter",
+    "DynamicTreeDrafter",
     "NGramDrafter",
     "EarlyExitDrafter",
     "DraftLengthPolicy",

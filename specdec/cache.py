@@ -51,7 +51,8 @@ class TreeFeed:
     """How a token tree's tokens sit in the region (a causal run needs none of this)."""
 
     offsets: torch.Tensor  # [B, n] or [n]: each token's position after the region's start (the committed length)
-    attend: torch.Tensor  # [n, R] bool: token j attends region slot r (R = the region's slots, these n included)
+    attend: torch.Tensor  # [n, R] or [B, n, R] bool: token j attends region slot r (R = the region's slots, these n
+    # included); [B, n, R] where each row has its own tree
 
 
 def check_runner_options(cache_layout: object, forward: object, compile: object) -> None:
@@ -194,7 +195,7 @@ class MaskedCache(KVCache):
         ``attend`` names (the dynamic layout's mask covers exactly the slots written)."""
         committed = self.mask[:, : self.region_start].bool()  # [B, S0]
         region = self.mask[:, self.region_start : self.num_slots].bool()  # [B, R]
-        region_attend = tree.attend.unsqueeze(0) & region.unsqueeze(1)  # [B, n, R]
+        region_attend = tree.attend & region.unsqueeze(1)  # [B, n, R]
         own = torch.eye(n, dtype=torch.bool, device=region.device)  # each token sees itself: no empty row
         region_attend[:, :, -n:] |= own
         mask = torch.cat([committed.unsqueeze(1).expand(-1, n, -1), region_attend], -1)  # [B, n, S0 + R]
@@ -350,7 +351,7 @@ class LeanCache(KVCache):
         else:
             entries = torch.cat([self.region_valid, valid], 1)  # [B, R]
             entry_slots = torch.cat([self.region_slots, slots], 1)  # [B, R]
-            seen = (tree.attend.unsqueeze(0) & entries.unsqueeze(1) & valid.unsqueeze(2)).long()  # [B, n, R]
+            seen = (tree.attend & entries.unsqueeze(1) & valid.unsqueeze(2)).long()  # [B, n, R]
             # A hole's slot may since hold a valid token: add, so a hole's 0 never hides it.
             region = torch.zeros(*seen.shape[:2], span, dtype=torch.long, device=seen.device)
             region = region.scatter_add_(2, entry_slots.unsqueeze(1).expand_as(seen), seen) > 0  # [B, n, S]

@@ -72,13 +72,14 @@ class CachedContext:
     def tree_feed(self, layout: VerifyLayout, num_nodes: int) -> TreeFeed:
         """Where a tree's next ``num_nodes`` nodes (and the queue, at the step's first feed) sit in the region:
         queued tokens run causally; a node sits its depth after the root (the queue's last real token) and attends
-        the queue and its ancestors."""
+        the queue and its ancestors. A layout with a tree per row gives [B, n] offsets and a [B, n, R] attend."""
         device = self.queue.device
         first = self.fed_nodes  # nodes fed before this feed
-        node_attend = layout.node_attention(device)[first : first + num_nodes, : first + num_nodes]  # [n, first+n]
+        node_attend = layout.node_attention(device)[..., first : first + num_nodes, : first + num_nodes]  # [(B,) n, n']
         queue_width = self.queue_fed or self.queue.shape[1]
-        node_rows = torch.cat([node_attend.new_ones(num_nodes, queue_width), node_attend], 1)  # [n, R]
-        node_offsets = layout.node_offsets(device)[first : first + num_nodes]  # [n]
+        queue_seen = node_attend.new_ones(*node_attend.shape[:-1], queue_width)  # [(B,) n, m]
+        node_rows = torch.cat([queue_seen, node_attend], -1)  # [(B,) n, R]
+        node_offsets = layout.node_offsets(device)[..., first : first + num_nodes]  # [(B,) n]
         if self.queue_fed:
             root = (self.queue_count - 1).unsqueeze(1)  # [B, 1]
             return TreeFeed(root + node_offsets, node_rows)
@@ -88,7 +89,8 @@ class CachedContext:
         offsets = torch.cat([queue_offsets, root + node_offsets], 1)  # [B, m + n]
         queue_rows = torch.ones(queue_width, queue_width, dtype=torch.bool, device=device).tril()  # [m, m]
         queue_rows = torch.cat([queue_rows, queue_rows.new_zeros(queue_width, num_nodes)], 1)  # [m, R]
-        return TreeFeed(offsets, torch.cat([queue_rows, node_rows], 0))
+        queue_rows = queue_rows.expand(*node_rows.shape[:-2], -1, -1)  # [(B,) m, R]
+        return TreeFeed(offsets, torch.cat([queue_rows, node_rows], -2))
 
     def commit(self, layout: VerifyLayout, path: torch.Tensor, num_new: torch.Tensor, next_token: torch.Tensor,
                proposed: torch.Tensor, active_after: torch.Tensor, host: HostSync | None) -> None:

@@ -4,8 +4,9 @@ A step feeds the target its queue (the emitted tokens it has not seen: the whole
 last emitted token) and then the proposal's N tokens, all in one forward. The queue's last token is the root
 (position 0); the proposed tokens are positions 1..N in breadth-first order, node i sitting ``offsets[i]`` positions
 after the root and attending the root and its ancestors. A chain of k drafts is the tree whose node i has node
-i - 1 as its parent; a token tree (``specdec.tree``) branches. The layout also says how to read the target's
-verdict back: which rule of the strategy judges it, the accepted path's tokens, and which fed nodes a cache keeps.
+i - 1 as its parent; a token tree (``specdec.tree``) branches, the same in every row (``TreeLayout``) or its own
+in each (``RowTreeLayout``, a dynamic tree). The layout also says how to read the target's verdict back: which
+rule of the strategy judges it, the accepted path's tokens, and which fed nodes a cache keeps.
 The decode loop and the caches only ever call these methods, so neither asks which shape a proposal has.
 
 Chains keep their fast paths inside ``ChainLayout``: their attention is plain causal attention (``causal``, no
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.rules import greedy_tree, greedy_verdict
-from specdec.tree import tree_shape_on, truncated
+from specdec.tree import RowTree, tree_shape_on, truncated
 from specdec.types import TreeShape, Verdict
 
 
@@ -32,11 +33,12 @@ class VerifyLayout:
     measures_overlap: bool  # per-position overlap sum_x min(q, p) is defined (one draft per position)
 
     def node_offsets(self, device: torch.device) -> torch.Tensor:
-        """[N] each node's position after the root (its depth)."""
+        """[N] each node's position after the root (its depth); [B, N] where each row has its own tree."""
         raise NotImplementedError
 
     def node_attention(self, device: torch.device) -> torch.Tensor | None:
-        """[N, N] bool: node i attends node j (j is i or an ancestor of i); None where attention is causal."""
+        """[N, N] bool: node i attends node j (j is i or an ancestor of i), [B, N, N] where each row has its own
+        tree; None where attention is causal."""
         raise NotImplementedError
 
     def judge(self, strategy, tokens, draft_probs, target_probs, generator) -> Verdict:
@@ -136,16 +138,60 @@ class TreeLayout(VerifyLayout):
         return greedy_tree(self.shape, tokens, target_choice)
 
     def path_tokens(self, tokens: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
-        return tokens.gather(1, (path - 1).clamp_min(0))  # [B, d]; past the path's end: anything
+        return tokens_on_path(tokens, path)
 
     def kept_nodes(self, path: torch.Tensor, num_kept: torch.Tensor, num_fed: int) -> torch.Tensor:
-        within = torch.arange(path.shape[1], device=path.device) < num_kept.unsqueeze(1)  # [B, d]
-        marks = torch.zeros(path.shape[0], self.num_nodes + 1, dtype=torch.long, device=path.device)
-        on_path = marks.scatter_add_(1, path, within.long()) > 0  # [B, N+1]; entries past the end add nothing
-        return on_path[:, 1 : num_fed + 1]
+        return nodes_on_path(path, num_kept, self.num_nodes)[:, :num_fed]
 
     def truncated(self, depth: int) -> TreeLayout:
         return self if depth >= self.depth else TreeLayout(truncated(self.shape, depth))
+
+
+class RowTreeLayout(VerifyLayout):
+    """A tree per batch row (``specdec.tree.RowTree``): every row has N nodes, each its own shape. The strategy's
+    tree rule judges it as it judges a static tree."""
+
+    causal = False
+    measures_overlap = False
+
+    def __init__(self, tree: RowTree):
+        self.tree = tree  # tensors on the proposal's device
+        self.depth = len(tree.branching)
+        self.num_nodes = tree.num_nodes
+
+    def node_offsets(self, device: torch.device) -> torch.Tensor:
+        return self.tree.depth  # [B, N]
+
+    def node_attention(self, device: torch.device) -> torch.Tensor:
+        return self.tree.ancestors[:, 1:, 1:]  # [B, N, N]
+
+    def judge(self, strategy, tokens, draft_probs, target_probs, generator) -> Verdict:
+        return strategy.judge_tree(self.tree, tokens, draft_probs, target_probs, generator)
+
+    def judge_ids(self, strategy, tokens, target_choice, generator) -> Verdict:
+        return strategy.tree_verdict_from_ids(self.tree, tokens, target_choice, generator)
+
+    def match_greedily(self, tokens: torch.Tensor, target_choice: torch.Tensor) -> Verdict:
+        return greedy_tree(self.tree, tokens, target_choice)
+
+    def path_tokens(self, tokens: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
+        return tokens_on_path(tokens, path)
+
+    def kept_nodes(self, path: torch.Tensor, num_kept: torch.Tensor, num_fed: int) -> torch.Tensor:
+        return nodes_on_path(path, num_kept, self.num_nodes)[:, :num_fed]
+
+
+def tokens_on_path(tokens: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
+    """[B, N] proposed tokens, [B, d] path -> [B, d] the tokens along it; past the path's end: anything."""
+    return tokens.gather(1, (path - 1).clamp_min(0))
+
+
+def nodes_on_path(path: torch.Tensor, num_kept: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """[B, N] bool: the nodes among the path's [B, d] first ``num_kept`` [B]."""
+    within = torch.arange(path.shape[1], device=path.device) < num_kept.unsqueeze(1)  # [B, d]
+    marks = torch.zeros(path.shape[0], num_nodes + 1, dtype=torch.long, device=path.device)
+    on_path = marks.scatter_add_(1, path, within.long()) > 0  # [B, N+1]; entries past the end add nothing
+    return on_path[:, 1:]
 
 
 def tree_layout(branching: tuple[int, ...], device: torch.device) -> TreeLayout:
@@ -159,7 +205,8 @@ class Proposal:
 
     tokens: torch.Tensor  # [B, N] long
     probs: torch.Tensor | None  # the draft distributions q the tokens were drawn from: [B, k, V] for a chain, [B, I, V]
-    # at each internal position of a tree (``TreeShape.num_internal``); None for point masses q = onehot(token)
+    # at each internal position of a tree (``TreeShape.num_internal``; a per-row tree's: [B, N+1, V] at every
+    # position, read where a node has children); None for point masses q = onehot(token)
     # (n-gram drafts; model drafts at temperature 0)
     finite: torch.Tensor | None = None  # [] bool: False if draft logits were unusable; checked at the step sync
     layout: VerifyLayout | None = None  # None: a chain of the N tokens

@@ -106,10 +106,18 @@ class Metrics:
         "verification passes after it")
     draft_calls: int = column("draft forward passes in decode steps (batch)")
     acceptance_rate: float = column("A / D; null when nothing was drafted")
-    mean_accepted_length: float = column("tau = E / N, tokens per target call (plain decoding has tau = 1)")
+    mean_accepted_length: float = column(
+        "tau = E / N, tokens per target call, the bonus token included (plain decoding has tau = 1): the acceptance "
+        "length (AL) of vLLM and EAGLE, Spec-Bench's mean accepted tokens. vLLM divides by the steps that drafted "
+        "(1 + A / those steps); N also counts a last step that drafted nothing and E stops at EOS, so the two "
+        "differ by a step's worth at most per prompt")
     per_position_acceptance: list[float | None] = column(
         "length k: a_i = P(draft token i accepted given 1..i-1 accepted), per depth for a tree; null where never "
-        "reached")
+        "reached. vLLM's per-position acceptance rate is unconditional: a_1 a_2 ... a_i")
+    accepted_histogram: list[int] = column(
+        "length k + 1: h_j = verification steps that drafted and kept j drafts (the bonus token not counted), "
+        "j = 0..k (vLLM's per-request acceptance histogram); sum_j j h_j = accepted, counted as A is: a tree, "
+        "which drafts past an EOS, may keep drafts the EOS then cuts. Absent in rows written before it existed")
     expected_acceptance: float | None = column(
         "mean over verified positions of sum_x min(p_draft(x), p_target(x)), with p_draft the point mass at the "
         "draft where the drafter gives no distributions (n-gram); null when nothing was verified (batch)")
@@ -155,6 +163,7 @@ class Metrics:
             acceptance_rate=acceptance,
             mean_accepted_length=counts.mean_accepted_length,
             per_position_acceptance=counts.per_position,
+            accepted_histogram=counts.steps_by_accepted,
             expected_acceptance=spec.expected_acceptance,
             draft_seconds=spec.draft_seconds,
             target_seconds=spec.target_seconds,

@@ -4,8 +4,9 @@ prompt, docs/results-schema.md):
     drafted D, accepted A, target calls N (the prefill, whose logits give the first token, and the
     verification passes), emitted E
     acceptance rate       A / D                         (NaN when nothing was drafted)
-    mean accepted length  E / N                         (tau; plain decoding has tau = 1)
+    mean accepted length  E / N                         (tau; plain decoding has tau = 1; vLLM's acceptance length)
     per-position a_i      P(draft i accepted | drafts 1..i-1 accepted)
+    accepted histogram    h_j = steps that drafted and kept j drafts, j = 0..k_max
     expected acceptance   mean over verified positions of sum_x min(q(x), p(x))
     cost ratio c          mean draft forward time / mean target forward time (decode steps, this call)
 """
@@ -13,7 +14,7 @@ prompt, docs/results-schema.md):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +35,7 @@ class RowStats:
     target_calls: int
     position_attempts: list[int]  # [k_max] times draft position i was verified
     position_accepts: list[int]  # [k_max] times it was accepted
+    steps_by_accepted: list[int] = field(default_factory=list)  # [k_max+1] steps that drafted and kept j drafts
 
     @property
     def acceptance_rate(self) -> float:
@@ -75,6 +77,7 @@ class DecodeStats:
             target_calls=sum(r.target_calls for r in self.rows),
             position_attempts=[sum(col) for col in zip(*(r.position_attempts for r in self.rows))],
             position_accepts=[sum(col) for col in zip(*(r.position_accepts for r in self.rows))],
+            steps_by_accepted=[sum(col) for col in zip(*(r.steps_by_accepted for r in self.rows))],
         )
 
     drafted = property(lambda self: self.totals.drafted)
@@ -202,6 +205,8 @@ class StepLog:
         attempted = drafted_position & (accepted.unsqueeze(2) >= position)  # [S, B, k_max] reached position i
         kept = drafted_position & (accepted.unsqueeze(2) > position)  # [S, B, k_max] accepted at position i
         drafted = (torch.tensor(self.drafted, device=device).unsqueeze(1) * generating).sum(0)  # [B]
+        drafting = generating & (depths > 0).unsqueeze(1)  # [S, B] steps that proposed something
+        by_accepted = torch.nn.functional.one_hot(accepted.clamp_min(0), position.shape[0] + 1)  # [S, B, k_max+1]
         columns = zip(
             emitted.tolist(),
             drafted.tolist(),
@@ -209,6 +214,7 @@ class StepLog:
             generating.sum(0).tolist(),
             attempted.sum(0).tolist(),
             kept.sum(0).tolist(),
+            (by_accepted * drafting.unsqueeze(2)).sum(0).tolist(),
         )
         measured = attempted & torch.tensor(self.overlap_logged, device=device)[:, None, None]  # [S, B, k_max]
         from_acceptance = torch.tensor(self.overlap_is_acceptance, device=device)[:, None, None]  # [S, 1, 1]

@@ -14,6 +14,7 @@ The interface, and what a strategy declares about temperature 0, is ``specdec.in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,10 +22,11 @@ import torch
 from specdec.checks import check_draft_length, check_positive, check_probability
 from specdec.interfaces import AcceptanceStrategy, as_strategy
 from specdec.rules import (
-    count_leading_true, first_accepted_path, greedy_tree, greedy_verdict, node_probs, nodewise_tree, probs_of, row_at,
-    speculative_tree,
+    at_parents, count_leading_true, first_accepted_path, greedy_tree, greedy_verdict, node_probs, nodewise_tree,
+    probs_of, row_at, speculative_tree,
 )
 from specdec.sampling import sample
+from specdec.tree import as_rows
 from specdec.types import Verdict
 
 
@@ -135,7 +137,7 @@ class Typical(AcceptanceStrategy):
 
     def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> Verdict:
         """Each node by the same test against p at its parent; the first path accepted node by node."""
-        accepted = node_probs(target_probs, tokens, shape) > self.threshold(target_probs)[:, shape.parent]  # [B, N]
+        accepted = node_probs(target_probs, tokens, shape) > at_parents(self.threshold(target_probs), shape)  # [B, N]
         return nodewise_tree(shape, accepted, target_probs, generator)
 
 
@@ -168,22 +170,26 @@ class TopK(AcceptanceStrategy):
         """Each node by the same test against p at its parent; the first path accepted node by node."""
         nth_largest = target_probs.topk(min(self.n, target_probs.shape[-1]), dim=-1).values[..., -1]  # [B, N+1]
         p_of_node = node_probs(target_probs, tokens, shape)  # [B, N]
-        accepted = (p_of_node >= nth_largest[:, shape.parent]) & (p_of_node > 0)
+        accepted = (p_of_node >= at_parents(nth_largest, shape)) & (p_of_node > 0)
         return nodewise_tree(shape, accepted, target_probs, generator)
 
 
 @dataclass(frozen=True)
 class SyntheticAcceptance(AcceptanceStrategy):
-    """Accept each draft token with probability ``acceptance``, whatever the tokens; for benchmarks only.
+    """Accept draft token i with probability a_i, whatever the tokens; for benchmarks only.
 
-    num_accepted ~ the leading successes of k Bernoulli(a) trials, so P(n >= i) = a^i, as Leviathan's i.i.d.
-    model assumes. The next token is the target's at the first rejection (or the bonus position): its argmax at
-    temperature 0, judged from token ids like greedy verification; a sample of p otherwise. Lossy by design: the
-    cost of speculation on given shapes depends only on how many drafts are accepted, so this measures a system
-    at a controlled acceptance (vLLM benchmarks with the same rule).
+    The schedule: ``acceptance`` at every position; or decaying, a_i = acceptance * decay^(i-1) (vLLM's synthetic
+    acceptance that falls with draft position); or a list, a_i its i-th entry (the last repeated past its end), to
+    match a real pair's measured per-position profile. num_accepted = the leading successes of Bernoulli(a_i)
+    trials, so P(n >= i) = a_1 ... a_i (Leviathan's i.i.d. model where a_i is constant). A tree's node at depth i
+    is accepted with probability a_i, each on its own. The next token is the target's at the first rejection (or
+    the bonus position): its argmax at temperature 0, judged from token ids like greedy verification; a sample of
+    p otherwise. Lossy by design: the cost of speculation on given shapes depends only on how many drafts are
+    accepted, so this measures a system at a controlled acceptance (vLLM benchmarks with the same rule).
     """
 
-    acceptance: float = 0.7
+    acceptance: float | tuple[float, ...] = 0.7
+    decay: float = 1.0
     name: str = "synthetic"
     trusted_verdicts: bool = True
     lossless: bool = False
@@ -191,11 +197,31 @@ class SyntheticAcceptance(AcceptanceStrategy):
     judges_trees: bool = True
 
     def __post_init__(self) -> None:
-        check_probability("synthetic acceptance", self.acceptance)
+        if isinstance(self.acceptance, Sequence) and not isinstance(self.acceptance, (str, bytes)):
+            if not len(self.acceptance):
+                raise ValueError("synthetic acceptance must be a rate in [0, 1] or a non-empty list of them (one per "
+                                 "draft position), got []")
+            listed = tuple(check_probability(f"synthetic acceptance at position {i}", rate)
+                           for i, rate in enumerate(self.acceptance, start=1))
+            object.__setattr__(self, "acceptance", listed)  # a config's list, as a tuple (hashable, frozen)
+            if self.decay != 1:
+                raise ValueError(f"synthetic acceptance decay={self.decay!r} applies to a single rate; a list already "
+                                 f"gives each position its own")
+        else:
+            check_probability("synthetic acceptance", self.acceptance)
+        check_probability("synthetic acceptance decay", self.decay, low_open=True)
+
+    def rates(self, positions: int, device: torch.device) -> torch.Tensor:
+        """[positions] a_1 .. a_positions (device ops only, so a captured step can replay them)."""
+        position = torch.arange(positions, device=device)  # [positions]
+        if isinstance(self.acceptance, tuple):
+            listed = torch.stack([torch.full((), rate, device=device) for rate in self.acceptance])  # [L]
+            return listed[position.clamp(max=len(self.acceptance) - 1)]
+        return self.acceptance * self.decay ** position.float()
 
     def num_accepted(self, draft_tokens: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         uniform = torch.rand(draft_tokens.shape, generator=generator, device=draft_tokens.device)  # [B, k]
-        return count_leading_true(uniform < self.acceptance)  # [B]
+        return count_leading_true(uniform < self.rates(draft_tokens.shape[1], draft_tokens.device))  # [B]
 
     def verdict_from_ids(self, draft_tokens, target_choice, generator) -> Verdict:
         """Temperature 0: target_choice [B, k+1] is the target's argmax at each position."""
@@ -206,15 +232,17 @@ class SyntheticAcceptance(AcceptanceStrategy):
         num_accepted = self.num_accepted(draft_tokens, generator)  # [B]
         return Verdict(num_accepted, sample_at_first_rejection(target_probs, num_accepted, generator))
 
-    def accepted_nodes(self, tokens: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """[B, N] each node accepted with probability a, on its own."""
-        return torch.rand(tokens.shape, generator=generator, device=tokens.device) < self.acceptance
+    def accepted_nodes(self, tree, tokens: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """[B, N] each node accepted with the rate of its depth, on its own."""
+        depth = as_rows(tree, tokens.shape[0]).depth  # [B, N]
+        rate = self.rates(len(tree.branching), tokens.device)[depth - 1]  # [B, N]
+        return torch.rand(tokens.shape, generator=generator, device=tokens.device) < rate
 
     def judge_tree(self, shape, tokens, draft_probs, target_probs, generator) -> Verdict:
-        return nodewise_tree(shape, self.accepted_nodes(tokens, generator), target_probs, generator)
+        return nodewise_tree(shape, self.accepted_nodes(shape, tokens, generator), target_probs, generator)
 
     def tree_verdict_from_ids(self, shape, tokens, target_choice, generator) -> Verdict:
-        num_accepted, path, end = first_accepted_path(shape, self.accepted_nodes(tokens, generator))
+        num_accepted, path, end = first_accepted_path(shape, self.accepted_nodes(shape, tokens, generator))
         return Verdict(num_accepted, target_choice.gather(1, end.unsqueeze(1)).squeeze(1), path)
 
 

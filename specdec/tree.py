@@ -11,6 +11,10 @@ speculative sampling is exact (``speculative_tree``).
 The drafter is ``specdec.drafters.TreeDrafter``. Rollback is each cache's one ``keep``: the accepted path's slots
 stay and every other node's are forgotten (a hole in transformers' cache, gathered away in a lean one).
 
+A static tree is the same in every row. ``RowTree`` is a tree per batch row, for drafters that shape each row's tree
+from its draft (``specdec.dynamic_tree``); the rules (``specdec.rules``) take either, a static one as its view per
+row (``as_rows``).
+
 k and draft-length policies: k is the tree's depth. A step drafts the first min(k, d) levels of the shape, so a
 fixed k >= d drafts the whole tree, a smaller k (the loop's, near ``max_new_tokens`` or the context limit, or an
 adaptive policy's) a shallower one, and per-position statistics are per depth. Trees ignore a policy's early stop.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -93,3 +98,52 @@ def kept_positions(path: torch.Tensor, num_kept: torch.Tensor, num_positions: in
     within = torch.arange(depth + 1, device=path.device) < num_kept.unsqueeze(1)  # [B, d+1]
     kept = torch.zeros(batch, num_positions, dtype=torch.long, device=path.device)
     return kept.scatter_add_(1, on_path, within.long()) > 0  # past the end the path reads 0 and adds nothing
+
+
+@dataclass(frozen=True)
+class RowTree:
+    """A token tree per batch row (a dynamic tree: ``specdec.dynamic_tree``), or a static tree seen row by row.
+
+    Every row has N nodes at positions 1..N (0 is the root), each node's parent at a smaller position, over at most
+    d levels. The rules (``specdec.rules``) loop over levels and, at each, over the ``branching[i]`` sibling slots
+    a node at that depth may fill; rows with fewer children leave slots empty (-1). ``distinct_siblings``: a node's
+    children were drawn without replacement from q (a dynamic tree at temperature > 0), which changes the
+    speculative rule; a static tree's are i.i.d. draws."""
+
+    branching: tuple[int, ...]  # most children of any node at each depth: the rules' loop bounds
+    parent: torch.Tensor  # [B, N] position (0..N) of each node's parent
+    depth: torch.Tensor  # [B, N] depth of each node, 1..d
+    children: torch.Tensor  # [B, N+1, c] position of the s-th child of each position, -1 where none
+    ancestors: torch.Tensor  # [B, N+1, N+1] bool: position i attends position j (j is i or an ancestor of i)
+    distinct_siblings: bool = False
+
+    @property
+    def num_nodes(self) -> int:
+        return self.parent.shape[1]
+
+
+def row_tree(parent: torch.Tensor, branching: tuple[int, ...], distinct_siblings: bool) -> RowTree:
+    """The per-row tree whose node i (position i + 1) hangs under ``parent`` [B, N] (each parent at a smaller
+    position; siblings in position order). ``branching`` bounds each depth's children per node."""
+    batch, num_nodes = parent.shape
+    positions = torch.arange(1, num_nodes + 1, device=parent.device)  # [N]
+    with_root = torch.cat([parent.new_zeros(batch, 1), parent], 1)  # [B, N+1], the root its own parent
+    ancestors = torch.eye(num_nodes + 1, dtype=torch.bool, device=parent.device).expand(batch, -1, -1)
+    for _ in branching:  # each round adds one more generation of ancestors
+        ancestors = ancestors | ancestors.gather(1, with_root.unsqueeze(2).expand(-1, -1, num_nodes + 1))
+    depth = ancestors[:, 1:].sum(-1) - 1  # [B, N] ancestors but itself, the root included
+    earlier_sibling = (parent.unsqueeze(2) == parent.unsqueeze(1)) & (positions.unsqueeze(1) > positions)  # [B, N, N]
+    rank = earlier_sibling.sum(-1)  # [B, N] place among its siblings
+    width = max(branching)
+    children = parent.new_full((batch, (num_nodes + 1) * width), -1)
+    children.scatter_(1, parent * width + rank, positions.expand(batch, -1))
+    return RowTree(tuple(branching), parent, depth, children.view(batch, num_nodes + 1, width), ancestors,
+                   distinct_siblings)
+
+
+def as_rows(tree: TreeShape | RowTree, batch: int) -> RowTree:
+    """A static tree as the same tree in each of ``batch`` rows (views, no copy); a ``RowTree`` as it is."""
+    if isinstance(tree, RowTree):
+        return tree
+    return RowTree(tree.branching, tree.parent.expand(batch, -1), tree.depth.expand(batch, -1),
+                   tree.children.expand(batch, -1, -1), tree.ancestors.expand(batch, -1, -1))

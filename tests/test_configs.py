@@ -34,7 +34,9 @@ def test_every_group_has_the_expected_options():
     assert names["strategy"] == {"greedy", "speculative", "typical", "topk", "synthetic"}
     assert {"greedy", "t1", "t07_topp09"} <= names["sampling"]
     assert names["draft_length"] == {"fixed", "heuristic", "confidence", "cost_optimal"}
-    assert names["drafter"] == {"model", "ngram", "early_exit", "tree", "cross_tokenizer"}
+    assert names["drafter"] == {
+        "model", "ngram", "early_exit", "tree", "dynamic_tree", "tree_searched", "cross_tokenizer"
+    }
     assert names["data"] == {"embedded_heldout", "file"} and names["logger"] == {"none", "wandb"}
 
 

@@ -63,7 +63,7 @@ def test_the_column_lists_are_the_records_fields_and_do_not_overlap():
     every = [name for group in groups for name in group]
     assert len(every) == len(set(every))
     assert COUNT_COLUMNS == ("emitted", "drafted", "accepted", "target_calls") and LIST_COLUMNS == (
-        "per_position_acceptance",)
+        "per_position_acceptance", "accepted_histogram")
 
 
 def test_interval_metrics_are_metrics_with_a_range():

@@ -261,7 +261,7 @@ def test_a_sweep_of_chains_and_trees_records_the_shape_and_reports_them_side_by_
 
     sweep = tmp_path / "sweep"
     monkeypatch.setattr(sys, "argv", [
-        str(Path(run_app.__file__)), "-m", "drafter=model,tree", "draft_length.k=2", "num_prompts=2",
+        str(Path(run_app.__file__)), "-m", "drafter=model,tree,dynamic_tree", "draft_length.k=2", "num_prompts=2",
         "max_new_tokens=8", "warmup=0", "device=cpu", "threads=1", f"hydra.sweep.dir={sweep}",
     ])
     run_app.main()
@@ -270,5 +270,11 @@ def test_a_sweep_of_chains_and_trees_records_the_shape_and_reports_them_side_by_
     assert set(trees["drafter_branching"]) == {"2-2-1-1"} and trees["predicted_speedup"].isna().all()
     assert (trees["drafted"] <= 6 * trees["target_calls"]).all() and (trees["drafted"] > 0).all()  # 2 + 4 nodes
     assert report.main([str(sweep)]) == 0
-    section = (sweep / "report.md").read_text().split("## Trees against chains")[1]
-    assert "drafter=model" in section and "drafter=tree" in section
+    dynamic = frame[frame["drafter"] == "dynamic_tree"]
+    assert (dynamic["drafted"] <= 16 * dynamic["target_calls"]).all() and dynamic["predicted_speedup"].isna().all()
+    text = (sweep / "report.md").read_text()
+    section = text.split("## Trees against chains")[1].split("## Acceptance")[0]
+    assert "drafter=model" in section and "drafter=tree" in section and "drafter=dynamic_tree" in section
+    assert "accepted_histogram.png" in text and (sweep / "accepted_histogram.png").exists()
+    for histogram, accepted in zip(frame["accepted_histogram"], frame["accepted"]):
+        assert sum(j * steps for j, steps in enumerate(histogram)) == accepted
