@@ -130,12 +130,7 @@ def check_source(role: str, source: object) -> None:
         return
     if path.exists():
         raise ModelUnavailableError(f"could not load {role} {source!r}: it is a file; give the model's directory")
-    try:
-        validate_repo_id(source)
-    except HFValidationError:
-        raise ModelUnavailableError(
-            f"could not load {role} {source!r}: no such directory, and not a Hugging Face hub id (like 'gpt2' or "
-            f"'org/name'); {OFFLINE_HINT}") from None
+    check_hub_id(role, source)
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -301,6 +296,16 @@ def with_tokenizers(spec: PairSpec, draft_tokenizer: str | None, target_tokenize
                     target_tokenizer or spec.target_tokenizer)
 
 
+def check_hub_id(role: str, source: str) -> None:
+    """A source that is no local path must be a well-formed hub id."""
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        raise ModelUnavailableError(
+            f"could not load {role} {source!r}: no such directory, and not a Hugging Face hub id (like 'gpt2' or "
+            f"'org/name'); {OFFLINE_HINT}") from None
+
+
 def check_tokenizer_source(role: str, source: object) -> None:
     """A tokenizer source is a local directory holding a tokenizer, or a well-formed hub id."""
     if not isinstance(source, str) or not source.strip():
@@ -310,12 +315,7 @@ def check_tokenizer_source(role: str, source: object) -> None:
         return
     if path.exists():
         raise ModelUnavailableError(f"could not load {role} {source!r}: it is a file; give the tokenizer's directory")
-    try:
-        validate_repo_id(source)
-    except HFValidationError:
-        raise ModelUnavailableError(
-            f"could not load {role} {source!r}: no such directory, and not a Hugging Face hub id (like 'gpt2' or "
-            f"'org/name'); {OFFLINE_HINT}") from None
+    check_hub_id(role, source)
 
 
 def left_padded(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
