@@ -297,7 +297,8 @@ def confidence_interval(values, level: float = 0.95, metric: str | None = None) 
     deviation = math.sqrt(math.fsum((v - mean) * (v - mean) for v in x) / (n - 1))  # inf past float's range
     half = float(t.ppf((1 + level) / 2, n - 1)) * deviation / math.sqrt(n)
     lowest, highest = METRIC_RANGES.get(metric, (-math.inf, math.inf))
-    return mean, max(mean - half, lowest), min(mean + half, highest)
+    # The interval holds its mean even where damaged rows put the mean outside the range (a speedup of -1).
+    return mean, max(mean - half, min(lowest, mean)), min(mean + half, max(highest, mean))
 
 
 def finite_values(values) -> list[float]:
