@@ -482,6 +482,15 @@ def remove_if_only_hydra_files(run_dir: Path) -> None:
 
 # Writing ------------------------------------------------------------------------------------------------------------
 
+def check_appendable(run_dir: Path) -> None:
+    """Open rows.jsonl for appending, and close it: a file the environment refuses (permissions, a read-only file
+    system) ends the run in one line now, not once the models have loaded and warmed up (``RowWriter`` opens it
+    then)."""
+    path = run_dir / ROWS
+    with writing(path, run_dir):
+        os.close(open_fd(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT))
+
+
 class RowWriter:
     """Appends rows to rows.jsonl, opened after ``recover`` (which leaves the file ending with a complete row).
     Each row reaches the file as one write of its line and newline, then is fsynced before the next prompt starts:

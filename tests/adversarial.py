@@ -1073,7 +1073,7 @@ def sweep_mixing_valid_and_invalid_jobs() -> Outcome:
     """-m draft_length.k=2,0: the valid job finishes, the invalid one is named in one line, exit 2, and the sweep's
     report lists it."""
     sweep = scratch("sweep")
-    done = cli("-m", "draft_length.k=2,0", f"hydra.sweep.dir={sweep}")
+    done = command("-m", "experiments.run", "-m", *overrides(), "draft_length.k=2,0", f"hydra.sweep.dir={sweep}")
     if "Traceback" in done.stderr:
         return Outcome(TRACEBACK, first_line(done.stderr))
     last = [line for line in done.stderr.splitlines() if line.strip()][-1]
@@ -1413,7 +1413,7 @@ def killed_in_the_warm_up() -> Outcome:
     """SIGKILL in the warm-up of a fresh run (config.yaml written, no row yet)."""
     run_dir = scratch("warmup_kill")
     patch = "runner.warm_up = lambda *args, **kwargs: die()"
-    return killed_at(run_dir, patch, "warmup=1") or resumed(run_dir)
+    return killed_at(run_dir, patch, "warmup=1") or holds(lambda: decoded(run_dir, "warmup=1"))
 
 
 SLOW_ROWS = """
