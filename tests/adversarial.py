@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass
@@ -1472,7 +1473,7 @@ def without_root_privileges() -> tuple[str, ...] | None:
 NOT_RUN = "not run"  # a probe this machine cannot run (counted nowhere)
 
 
-@probe(DURABILITY, CLEAR, slow=True)
+@probe(DURABILITY, CLEAR, before=CONFUSING, slow=True)
 def read_only_run_directory() -> Outcome:
     """Resume into a run directory whose permissions are r-x (a real refusal, not an injected one)."""
     prefix = without_root_privileges()
@@ -1486,7 +1487,7 @@ def read_only_run_directory() -> Outcome:
         run_dir.chmod(0o755)
 
 
-@probe(DURABILITY, CLEAR, slow=True)
+@probe(DURABILITY, CLEAR, before=CONFUSING, slow=True)
 def read_only_rows_file() -> Outcome:
     """Resume with prompts left into a writable directory whose rows.jsonl is r--."""
     prefix = without_root_privileges()
@@ -1526,10 +1527,12 @@ def main(argv: list[str]) -> int:
     verbose = "-v" in argv
     outcomes = {}
     for probe_ in PROBES:
+        start = time.perf_counter()
         outcomes[probe_.name] = outcome = run_probe(probe_)
         if verbose:
             flag = "" if outcome.kind == probe_.expected else f"  (expected {probe_.expected})"
-            print(f"{probe_.area:>14} | {outcome.kind:<17} | {probe_.name}: {outcome.detail[:160]}{flag}", flush=True)
+            print(f"{probe_.area:>14} | {outcome.kind:<17} | {time.perf_counter() - start:5.1f} s | {probe_.name}: "
+                  f"{outcome.detail[:160]}{flag}", flush=True)
     print(table(outcomes))
     unexpected = [name for name, outcome in outcomes.items()
                   if outcome.kind in FAILURES or outcome.kind not in (NOT_RUN, next(p.expected for p in PROBES
