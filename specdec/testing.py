@@ -195,11 +195,11 @@ def check_lossless_arguments(strategy, make_drafter, sampling, k, samples, lengt
     check_draft_length("k", k)
     check_draft_length("samples", samples)  # an integer >= 1, as a draft length is
     check_draft_length("length", length)
-    device = model_device(target) if target is not None else torch.device("cpu")
-    # The call decodes ``samples`` rows at once: its [samples, prompt + length + k + 1] buffers must fit.
-    check_allocation("samples", samples * (len(TEST_PROMPT) + length + k + 1), torch.long, device)
     check_probability("significance", significance, low_open=True, high_open=True)
     for role, model in (("target", target), ("draft", draft)):
         if model is not None:
             check_model(role, model)
+    device = model_device(target) if target is not None else torch.device("cpu")
+    # The call decodes ``samples`` rows at once: its [samples, prompt + length + k + 1] buffers must fit.
+    check_allocation("samples", samples * (len(TEST_PROMPT) + length + k + 1), torch.long, device)
     check_seed(seed)
