@@ -9,15 +9,36 @@ per setting along k, or one panel per setting where the plot already uses its x 
 from __future__ import annotations
 
 import math
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib import colormaps
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 
-from analysis.summarize import setting_label, summarize_runs, varying_axes
+
+def import_matplotlib() -> None:
+    """Import matplotlib, ignoring an ``MPLBACKEND`` it refuses (matplotlib raises at import on an unknown name;
+    figures here are saved through Agg whatever the backend), with one line saying so."""
+    try:
+        import matplotlib  # noqa: F401
+    except ValueError:
+        if "MPLBACKEND" not in os.environ:
+            raise
+        print(f"warning: MPLBACKEND={os.environ.pop('MPLBACKEND')!r} is not a matplotlib backend; ignored (figures "
+              f"are drawn with Agg)", file=sys.stderr)
+        for name in [name for name in sys.modules if name.split(".")[0] == "matplotlib"]:  # the failed import's
+            del sys.modules[name]
+        import matplotlib  # noqa: F401
+
+
+import_matplotlib()
+
+from matplotlib import colormaps  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+
+from analysis.summarize import setting_label, summarize_runs, varying_axes  # noqa: E402
 
 DODGE = 0.06  # sideways offset between settings, in units of k
 BEST_MARKER = dict(marker="*", markersize=16, markeredgecolor="black", linestyle="none", zorder=5)

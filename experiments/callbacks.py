@@ -31,8 +31,11 @@ def exit_unless_writable(key: str, directory: str) -> None:
         Path(directory).mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=directory).close()
     except OSError as err:
-        print(f"config error: {key}={directory!r} cannot be created or written ({err.strerror or err}); "
-              f"choose another with {key}=<path>", file=sys.stderr)
+        holds_rows = (Path(directory) / rundir.ROWS).exists()  # a run to continue: its rows must not be left behind
+        remedy = (f"make it writable, then continue with resume={directory}" if holds_rows
+                  else f"choose another with {key}=<path>")
+        print(f"config error: {key}={directory!r} cannot be created or written ({err.strerror or err}); {remedy}",
+              file=sys.stderr)
         sys.exit(2)
 
 

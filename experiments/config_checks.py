@@ -31,7 +31,7 @@ from hydra.errors import InstantiationException
 from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 import specdec
 from specdec.checks import SEED_RANGE
@@ -129,6 +129,7 @@ def validate(cfg: DictConfig) -> tuple[dict[str, object], str | None]:
     Returns the built objects and, if the job should be skipped, a one-line reason; raises ``ConfigError`` for an
     invalid config. Loads no model: at most config files, the tokenizer and the prompts.
     """
+    check_interpolations(cfg)
     check_known_keys(cfg)
     check_rules(cfg, RULES)
     check_device_and_dtype(select(cfg, "device"), select(cfg, "dtype"))
@@ -138,6 +139,16 @@ def validate(cfg: DictConfig) -> tuple[dict[str, object], str | None]:
     if reason is None:
         check_lengths(cfg, objects["draft_length"].max_k, check_pair(cfg))
     return objects, reason
+
+
+def check_interpolations(cfg: DictConfig) -> None:
+    """Every ``${...}`` resolves (a key or an environment variable that does not exist is OmegaConf's traceback
+    otherwise, wherever the value is first read), naming the key that holds it."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationResolutionError as err:
+        reason = str(err).splitlines()[0].removeprefix("KeyError raised while resolving interpolation: ")
+        raise ConfigError(f"{err.full_key}: cannot resolve its value: {reason}") from None
 
 
 def check_rules(cfg: DictConfig, rules: list[tuple[str, Callable[[object], bool], str]]) -> None:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -46,6 +47,8 @@ class WandbLogger:
         which an unreachable server costs every run); past it W&B logging is off with one warning."""
         if isinstance(init_timeout, bool) or not isinstance(init_timeout, (int, float)) or not init_timeout > 0:
             raise ValueError(f"init_timeout must be a number of seconds > 0, got {init_timeout!r}")
+        if init_timeout == math.inf:
+            raise ValueError("init_timeout must be a finite number of seconds, got inf: W&B could then wait for ever")
         self.init_timeout = float(init_timeout)
         self.project, self.entity, self.group, self.mode = project, entity, group, mode
         self.tags, self.dir = list(tags), dir

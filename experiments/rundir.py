@@ -150,6 +150,7 @@ class RunLock:
         self.taken_over: dict | None = None
 
     def __enter__(self) -> RunLock:
+        refuse_links(self.run_dir)
         with writing(self.path, self.run_dir):
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.fd = self.acquire()
@@ -208,6 +209,19 @@ class RunLock:
         return RunDirectoryError(f"run directory {self.run_dir} is being written by {who} ({LOCK}); one run "
                                  "directory takes one writer: wait for that run to end, or give this one another "
                                  f"hydra.run.dir{hint}")
+
+
+def refuse_links(run_dir: Path) -> None:
+    """The files a run appends to or locks must be its own: through a symbolic link, rows would be appended into
+    another run's rows.jsonl (and counted by both) or into nothing, and the lock taken on another file. (Files
+    replaced whole, config.yaml and summary.json, replace a link by a file.)"""
+    for name in (LOCK, ROWS):
+        path = run_dir / name
+        if path.is_symlink():
+            keep = " (or copy the file it points to in its place, to keep those rows)" if name == ROWS else ""
+            raise RunDirectoryError(f"{path} is a symbolic link (to {os.readlink(path)}); a run directory's {name} "
+                                    f"must be its own file: remove the link{keep}, then continue with "
+                                    f"resume={run_dir}")
 
 
 def holder_in(fd: int) -> dict | None:
@@ -467,6 +481,15 @@ def remove_if_only_hydra_files(run_dir: Path) -> None:
 
 
 # Writing ------------------------------------------------------------------------------------------------------------
+
+def check_appendable(run_dir: Path) -> None:
+    """Open rows.jsonl for appending, and close it: a file the environment refuses (permissions, a read-only file
+    system) ends the run in one line now, not once the models have loaded and warmed up (``RowWriter`` opens it
+    then)."""
+    path = run_dir / ROWS
+    with writing(path, run_dir):
+        os.close(open_fd(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT))
+
 
 class RowWriter:
     """Appends rows to rows.jsonl, opened after ``recover`` (which leaves the file ending with a complete row).

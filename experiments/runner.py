@@ -133,6 +133,8 @@ def run_in(out_dir: Path, note: str | None, cfg: DictConfig, job: Job, setting: 
     config["group"] = group
     rundir.write_config(out_dir, config)
     todo = rundir.prompts_left(prompts, done_rows)
+    if todo:
+        rundir.check_appendable(out_dir)  # before the models load, and before saying the run continues
     if note or done_rows or recovery.set_aside or recovery.moved:
         print(recovery.report(note or f"continuing {out_dir}", len(todo)), file=sys.stderr)
     setting.identity = replace(setting.identity, run_id=run_id, group=group)

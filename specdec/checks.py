@@ -7,6 +7,8 @@ is a config that runs; ``Decoder`` and ``generate`` call the rest on their argum
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.interfaces import AcceptanceStrategy, Drafter, DraftLengthPolicy
+from specdec.layout import Proposal
 from specdec.sampling import SamplingConfig
 
 # What torch.Generator.manual_seed accepts: 64 bits, signed or unsigned (a negative seed wraps modulo 2**64).
@@ -21,9 +24,11 @@ SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
 def check_draft_length(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """An integer >= 1 (numpy integers too) as a Python int."""
+    integer = as_integer(value)
+    if integer is None or integer < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
+    return integer
 
 
 class NotANumberError(TypeError, ValueError):
@@ -32,8 +37,8 @@ class NotANumberError(TypeError, ValueError):
 
 
 def check_number(name: str, value: object) -> None:
-    """A real number (bool is not one, though Python says it is an int)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """A real number, numpy's included (bool is not one, though Python says it is an int)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise NotANumberError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
 
 
@@ -47,9 +52,10 @@ def check_probability(name: str, value: object, low_open: bool = False, high_ope
 
 
 def check_positive(name: str, value: object, allow_zero: bool = False) -> float:
+    """A finite number > 0 (>= 0 where allowed): an infinite weight or ratio turns estimates into NaN."""
     check_number(name, value)
-    if not (value >= 0 if allow_zero else value > 0):
-        raise ValueError(f"{name} must be a number {'>=' if allow_zero else '>'} 0, got {value!r}")
+    if not (value >= 0 if allow_zero else value > 0) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number {'>=' if allow_zero else '>'} 0, got {value!r}")
     return float(value)
 
 
@@ -108,7 +114,8 @@ def check_prompt(input_ids, attention_mask, limit: int | None, vocab_size: int |
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.LongTensor of shape [B, T], got {type(input_ids).__name__}")
     if input_ids.dtype not in (torch.long, torch.int):
-        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+        raise TypeError(f"input_ids must hold integer token ids as torch.int64 (long) or torch.int32, got dtype "
+                        f"{input_ids.dtype}")
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must have shape [B, T], got shape {tuple(input_ids.shape)}")
     if input_ids.numel() == 0:
@@ -143,9 +150,9 @@ def check_prompt(input_ids, attention_mask, limit: int | None, vocab_size: int |
     return attention_mask
 
 
-def check_max_new_tokens(max_new_tokens: object) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+def check_max_new_tokens(max_new_tokens: object) -> int:
+    """An integer >= 1 (numpy integers too) as a Python int."""
+    return check_draft_length("max_new_tokens", max_new_tokens)
 
 
 def token_ids(value: object) -> list[int] | None:
@@ -251,3 +258,55 @@ def model_device(model: torch.nn.Module) -> torch.device:
 def check_device(name: str, tensor: object, target: torch.nn.Module) -> None:
     if isinstance(tensor, torch.Tensor) and tensor.device != model_device(target):
         raise ValueError(f"{name} is on {tensor.device} but the target model on {model_device(target)}")
+
+
+def check_max_k(policy: DraftLengthPolicy) -> int:
+    """A custom policy's ``max_k`` (the most tokens ``next_k`` may ask) as an int >= 0, naming the policy."""
+    value = as_integer(policy.max_k)
+    if value is None or value < 0:
+        raise ValueError(f"draft-length policy {policy.name!r} has max_k={policy.max_k!r}; max_k must be an integer "
+                         f">= 0, the most tokens next_k() may ask for")
+    return value
+
+
+def check_next_k(policy: DraftLengthPolicy, k: object, max_k: int) -> int:
+    """A policy's ``next_k()`` answer as an int in [0, max_k], naming the policy."""
+    value = as_integer(k)
+    if value is None or not 0 <= value <= max_k:
+        raise ValueError(f"draft-length policy {policy.name!r} answered next_k()={k!r}; it must be an integer in "
+                         f"[0, max_k={max_k}]")
+    return value
+
+
+def trusts_proposals(drafter: Drafter) -> bool:
+    """Whether ``drafter.propose`` is one of specdec's own, whose proposals need no check; a custom one is checked
+    each step (``check_proposal``)."""
+    return type(drafter).propose.__module__.startswith("specdec.")
+
+
+def check_proposal(proposal: object, drafter: Drafter, k: int, batch_size: int, device: torch.device,
+                   vocab_size: int) -> None:
+    """A custom drafter's proposal, before the target's forward: a ``Proposal`` of [B, N] integer tokens on the
+    target's device, drafting at most ``k`` positions, ids in the vocabulary, probs [B, *, V]. One host read (the
+    ids' range): an id outside the vocabulary would index out of bounds in the embedding."""
+    name = f"drafter {drafter.name!r}"
+    if not isinstance(proposal, Proposal):
+        raise TypeError(f"{name} proposed {type(proposal).__name__}; propose() returns a specdec Proposal(tokens "
+                        f"[B, N], probs [B, N, V] or None)")
+    tokens, probs = proposal.tokens, proposal.probs
+    if tokens.dtype not in (torch.long, torch.int):
+        raise TypeError(f"{name} proposed tokens of dtype {tokens.dtype}; token ids are torch.int64 (long)")
+    if tokens.device != device:
+        raise ValueError(f"{name} proposed tokens on {tokens.device}; the target is on {device}")
+    if tokens.shape[0] != batch_size:
+        raise ValueError(f"{name} proposed tokens for {tokens.shape[0]} rows; the batch has {batch_size} rows")
+    if proposal.layout.depth > k:
+        raise ValueError(f"{name} proposed {proposal.layout.depth} draft positions; it was asked for at most k={k}")
+    if probs is not None and (not isinstance(probs, torch.Tensor) or probs.dim() != 3 or probs.shape[0] != batch_size
+                              or probs.shape[-1] != vocab_size or probs.device != device):
+        shown = f"shape {tuple(probs.shape)} on {probs.device}" if isinstance(probs, torch.Tensor) else repr(probs)
+        raise ValueError(f"{name} proposed probs with {shown}; probs are [B={batch_size}, N, V={vocab_size}] on "
+                         f"{device}, or None")
+    if tokens.numel() and bool(((tokens < 0) | (tokens >= vocab_size)).any()):
+        bad = tokens[(tokens < 0) | (tokens >= vocab_size)][0].item()
+        raise ValueError(f"{name} proposed token id {bad}, outside the target's vocabulary [0, {vocab_size})")

@@ -34,8 +34,9 @@ import torch
 
 from specdec.cache import CachedModel, context_limit, static_capacity
 from specdec.checks import (
-    check_allocation, check_bool, check_eos_ids, check_eval_mode, check_max_new_tokens, check_model, check_parts,
-    check_prompt, check_seed, check_strategy_object,
+    check_allocation, check_bool, check_device, check_eos_ids, check_eval_mode, check_max_k, check_max_new_tokens,
+    check_model, check_next_k, check_parts, check_prompt, check_proposal, check_seed, check_strategy_object,
+    trusts_proposals,
 )
 from specdec.context import CachedContext
 from specdec.emit import GenerationOutput, check_flags, count_new, finish_call, unpack
@@ -114,7 +115,9 @@ class Decoder:
         self.context_limit = min((limit for limit in limits if limit is not None), default=None)
         # The most draft positions a step can have: the policy's, bounded by the context (a longer draft could never
         # be verified), so a huge k sizes nothing.
-        self.k_max = 0 if not self.speculates else min(draft_length.max_k, self.context_limit or draft_length.max_k)
+        self.policy_max_k = check_max_k(draft_length)
+        self.k_max = 0 if not self.speculates else min(self.policy_max_k, self.context_limit or self.policy_max_k)
+        self.checks_proposals = not trusts_proposals(drafter)
         self.verifier = choose_verifier(drafter.proposes_nothing, self.strategy, sampling)
         self.device_program = self.choose_step(step)
         self.busy = threading.Lock()
@@ -149,8 +152,9 @@ class Decoder:
 
     def _generate(self, input_ids, attention_mask, max_new_tokens, eos_token_id, seed) -> GenerationOutput:
         vocab_size = self.target.config.vocab_size
+        check_device("input_ids", input_ids, self.target)  # before any read of it: a meta tensor has no values
         attention_mask = check_prompt(input_ids, attention_mask, self.context_limit, vocab_size)
-        check_max_new_tokens(max_new_tokens)
+        max_new_tokens = check_max_new_tokens(max_new_tokens)
         seed = check_seed(seed)
         batch_size = input_ids.shape[0]
         check_allocation("max_new_tokens", batch_size * (max_new_tokens + self.k_max + 1), torch.long,
@@ -257,7 +261,9 @@ class DecodeRun:
         smallest context room."""
         if not self.decoder.speculates:
             return 0
-        return max(min(self.decoder.draft_length.next_k(), remaining_max - 1, room_min), 0)
+        policy = self.decoder.draft_length
+        k = check_next_k(policy, policy.next_k(), self.decoder.policy_max_k)
+        return max(min(k, remaining_max - 1, room_min), 0)
 
     def step(self, k: int, first: bool = False) -> HostSync:
         """One step in nine phases (see the module docstring); the ``first`` step's target forward is the prefill,
@@ -305,7 +311,12 @@ class DecodeRun:
         """Ask the drafter for up to k tokens, letting the EOS rule and a policy that ``stops_drafts`` stop the
         draft early."""
         stop = self.draft_stop() if k else None
-        return self.decoder.drafter.propose(k, self.decoder.sampling, self.generator, stop=stop)
+        drafter = self.decoder.drafter
+        proposal = drafter.propose(k, self.decoder.sampling, self.generator, stop=stop)
+        if self.decoder.checks_proposals:
+            check_proposal(proposal, drafter, k, len(self.rows.original), self.input_ids.device,
+                           self.decoder.target.config.vocab_size)
+        return proposal
 
     def draft_stop(self) -> StopHook | None:
         """When to stop this step's draft early: once every generating row has drafted an EOS (no draft after it

@@ -212,5 +212,8 @@ class Proposal:
     layout: VerifyLayout | None = None  # None: a chain of the N tokens
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tokens, torch.Tensor) or self.tokens.dim() != 2:
+            shown = tuple(self.tokens.shape) if isinstance(self.tokens, torch.Tensor) else type(self.tokens).__name__
+            raise ValueError(f"Proposal tokens must be a tensor of shape [B, N] (N drafted tokens per row), got {shown}")
         if self.layout is None:
             object.__setattr__(self, "layout", ChainLayout(self.tokens.shape[1]))

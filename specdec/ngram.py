@@ -62,9 +62,8 @@ class NGramDrafter(Drafter):
         lengths = self.lengths.unsqueeze(1)  # [B, 1]
         best_start = torch.full_like(self.lengths, -1)  # [B]
         best_n = torch.zeros_like(self.lengths)  # [B]
-        for n in range(self.max_ngram, self.min_ngram - 1, -1):  # longest first
-            if self.max_length < n + 1:
-                continue
+        # Longest first, from the longest n with a window before the suffix (not max_ngram: it may be 10**9).
+        for n in range(min(self.max_ngram, self.max_length - 1), self.min_ngram - 1, -1):
             suffix_index = (lengths - n + torch.arange(n, device=device)).clamp_min(0)  # [B, n]
             suffix = history.gather(1, suffix_index)  # [B, n]
             windows = history.unfold(1, n, 1)  # [B, L-n+1, n]

@@ -55,6 +55,8 @@ def resolve_source(source: str) -> Path:
     if path.suffix not in (".jsonl", ".txt"):
         raise ValueError(f"unknown prompt source {source!r}: expected a shipped set {shipped_sets()} "
                          "or a path to a .jsonl or .txt file")
+    if path.is_dir():
+        raise IsADirectoryError(f"prompt file {source!r} is a directory; name a .jsonl or .txt file in it")
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {source!r} not found (shipped sets: {shipped_sets()})")
     return path

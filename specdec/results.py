@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple
@@ -297,7 +298,8 @@ def confidence_interval(values, level: float = 0.95, metric: str | None = None) 
     deviation = math.sqrt(math.fsum((v - mean) * (v - mean) for v in x) / (n - 1))  # inf past float's range
     half = float(t.ppf((1 + level) / 2, n - 1)) * deviation / math.sqrt(n)
     lowest, highest = METRIC_RANGES.get(metric, (-math.inf, math.inf))
-    return mean, max(mean - half, lowest), min(mean + half, highest)
+    # The interval holds its mean even where damaged rows put the mean outside the range (a speedup of -1).
+    return mean, max(mean - half, min(lowest, mean)), min(mean + half, max(highest, mean))
 
 
 def finite_values(values) -> list[float]:
@@ -489,25 +491,33 @@ def parse_rows(data: bytes) -> tuple[list[tuple[int, object]], list[Piece]]:
     return values, pieces
 
 
+ROW_START = re.compile(r'\{\s*"')  # where a JSON object with a first key can begin
+
+
 def parse_line(line: str) -> tuple[list[dict], list[str]]:
     """The JSON objects on one line of rows.jsonl, and the pieces of it that are not one. A line can hold more than
     one row: a row that lost its newline had the next one appended to it. After a piece that does not parse,
-    parsing resumes at the next "{", so a torn row never takes an intact one with it."""
+    parsing resumes at the next '{"' (where a row can begin), so a torn row never takes an intact one with it, and
+    what does not parse between two rows is one piece (a megabyte of "{" is one piece, tried once)."""
     decoder, rows, unparsed, text = json.JSONDecoder(), [], [], line.strip()
-    position = 0
+    position, torn_from = 0, None  # torn_from: where the piece that does not parse began
     while position < len(text):
         try:
             row, end = decoder.raw_decode(text, position)
             if not isinstance(row, dict):
                 raise ValueError("a row is a JSON object")
         except (ValueError, RecursionError):
-            following = text.find("{", position + 1)
-            end = following if following != -1 else len(text)
-            unparsed.append(text[position:end].strip())
-            position = end
+            torn_from = position if torn_from is None else torn_from
+            following = ROW_START.search(text, position + 1)
+            position = following.start() if following else len(text)
             continue
+        if torn_from is not None:
+            unparsed.append(text[torn_from:position].strip())
+            torn_from = None
         rows.append(row)
         position = len(text) - len(text[end:].lstrip())
+    if torn_from is not None:
+        unparsed.append(text[torn_from:].strip())
     return rows, unparsed
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import math
+import numbers
+import operator
 
 import torch
 
@@ -32,8 +34,12 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "min_p"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
                 raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+            if value is not None and not isinstance(value, (int, float)):  # a numpy float: kept as a Python float
+                object.__setattr__(self, name, float(value))
+        if isinstance(self.top_k, numbers.Integral) and not isinstance(self.top_k, (bool, int)):  # a numpy integer
+            object.__setattr__(self, "top_k", operator.index(self.top_k))
         if not 0 <= self.temperature < math.inf:
             raise ValueError(f"temperature must be >= 0 and finite (0 means greedy), got {self.temperature!r}")
         if 0 < self.temperature < MIN_TEMPERATURE:

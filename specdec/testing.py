@@ -27,7 +27,10 @@ import torch
 from scipy.stats import chisquare
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from specdec.checks import check_draft_length, check_model, check_probability, check_seed, check_strategy_object
+from specdec.checks import (
+    check_allocation, check_draft_length, check_model, check_probability, check_seed, check_strategy_object,
+    model_device,
+)
 from specdec.decode import Decoder
 from specdec.drafters import ModelDrafter
 from specdec.interfaces import AcceptanceStrategy, Drafter
@@ -196,4 +199,7 @@ def check_lossless_arguments(strategy, make_drafter, sampling, k, samples, lengt
     for role, model in (("target", target), ("draft", draft)):
         if model is not None:
             check_model(role, model)
+    device = model_device(target) if target is not None else torch.device("cpu")
+    # The call decodes ``samples`` rows at once: its [samples, prompt + length + k + 1] buffers must fit.
+    check_allocation("samples", samples * (len(TEST_PROMPT) + length + k + 1), torch.long, device)
     check_seed(seed)

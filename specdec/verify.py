@@ -91,10 +91,12 @@ class CheckedVerifier(Verifier):
             expected["path"] = (batch, depth)
         for name, shape in expected.items():
             value = getattr(verdict, name)
-            if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape or value.dtype != torch.long:
-                shown = f"shape {tuple(value.shape)}, {value.dtype}" if isinstance(value, torch.Tensor) else repr(value)
+            if (not isinstance(value, torch.Tensor) or tuple(value.shape) != shape or value.dtype != torch.long
+                    or value.device != proposal.tokens.device):
+                shown = (f"shape {tuple(value.shape)}, {value.dtype} on {value.device}" if isinstance(value, torch.Tensor)
+                         else repr(value))
                 raise ValueError(f"strategy {self.strategy.name!r} returned {name} with {shown}; expected a long "
-                                 f"tensor of shape {list(shape)}")
+                                 f"tensor of shape {list(shape)} on {proposal.tokens.device}")
         in_range = ((verdict.num_accepted >= 0) & (verdict.num_accepted <= depth)
                     & (verdict.next_token >= 0) & (verdict.next_token < vocab_size)).all()  # []
         clamped = replace(verdict, num_accepted=verdict.num_accepted.clamp(0, depth),
