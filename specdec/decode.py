@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from dataclasses import dataclass, fields
 
 import torch
@@ -113,6 +114,7 @@ class Decoder:
             check_eval_mode(model)
         limits = [context_limit(model) for model in models]
         self.context_limit = min((limit for limit in limits if limit is not None), default=None)
+        self.target_context_limit = limits[0]
         # The most draft positions a step can have: the policy's, bounded by the context (a longer draft could never
         # be verified), so a huge k sizes nothing.
         self.policy_max_k = check_max_k(draft_length)
@@ -192,6 +194,15 @@ class Rows:
         return Rows(**{field.name: getattr(self, field.name)[index] for field in fields(self)})
 
 
+def warn_draft_context(decoder: Decoder, least_room: int, max_new_tokens: int) -> None:
+    """A drafter whose context is shorter than the target's stops rows the target alone would have continued: say
+    so, since the output is then shorter than the baseline's."""
+    target = "unbounded" if decoder.target_context_limit is None else f"{decoder.target_context_limit} positions"
+    warnings.warn(f"the drafter's context ({decoder.context_limit} positions) is shorter than the target's ({target}): "
+                  f"a row stops there, after as few as {least_room} of max_new_tokens={max_new_tokens} new tokens",
+                  stacklevel=4)
+
+
 class DecodeRun:
     """The state of one ``generate`` call. Owns the target's context; the drafter owns its own."""
 
@@ -207,8 +218,11 @@ class DecodeRun:
         self.k_max = decoder.k_max
         self.limit = decoder.context_limit if decoder.context_limit is not None else 2**62
         room = self.limit - attention_mask.sum(-1)  # [B]
+        least_room = int(room.min())
+        if least_room < max_new_tokens and decoder.context_limit != decoder.target_context_limit:
+            warn_draft_context(decoder, least_room, max_new_tokens)
         # Rows with room for every token they may emit and k_max more never bind k: no room check per step then.
-        self.room_binds = int(room.min()) < max_new_tokens + self.k_max
+        self.room_binds = least_room < max_new_tokens + self.k_max
         self.rows = Rows(
             original=torch.arange(batch_size, device=device),
             emitted=torch.zeros(batch_size, dtype=torch.long, device=device),

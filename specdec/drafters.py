@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.cache import CachedModel, adopted, check_runner_options, static_capacity
-from specdec.checks import model_device
+from specdec.checks import as_integer, model_device
 from specdec.context import CachedContext
 from specdec.interfaces import Drafter, StopHook
 from specdec.layout import Proposal, tree_layout
@@ -229,10 +229,10 @@ class TreeDrafter(CachedDrafter):
 
 def as_branching(value: object) -> object:
     """A branching as ``tree_shape`` takes it: any sequence of children counts (a list, or a config's list) as a
-    tuple; anything else as given, for ``tree_shape`` to refuse."""
+    tuple, numpy integers in it as ints; anything else as given, for ``tree_shape`` to refuse."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         return value
-    return tuple(value)
+    return tuple(b if as_integer(b) is None else as_integer(b) for b in value)
 
 
 def choose_children(
