@@ -200,7 +200,7 @@ def warn_draft_context(decoder: Decoder, least_room: int, max_new_tokens: int) -
     target = "unbounded" if decoder.target_context_limit is None else f"{decoder.target_context_limit} positions"
     warnings.warn(f"the drafter's context ({decoder.context_limit} positions) is shorter than the target's ({target}): "
                   f"a row stops there, after as few as {least_room} of max_new_tokens={max_new_tokens} new tokens",
-                  stacklevel=4)
+                  stacklevel=5)
 
 
 class DecodeRun:
