@@ -34,6 +34,7 @@ from experiments.config_checks import ConfigError, one_line, validate
 from experiments.harness import compilations
 from experiments.concurrency import LiveJobs, host_name, live_jobs_dir
 from specdec.batching import left_pad
+from specdec.profile import time_forwards
 from specdec.stats import DecodeStats
 from specdec.results import (
     IDENTITY_COLUMNS,
@@ -290,8 +291,9 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
     def generate(decoder, input_ids, mask):
         return decoder.generate(input_ids, mask, cfg.max_new_tokens, eos, cfg.seed)
 
-    compile_seconds = warm_up(cfg, (baseline, speculative), [encode(tokenizer, [p.text for p in batch], device)
-                                                            for batch in batches], device)
+    encoded = [encode(tokenizer, [p.text for p in batch], device) for batch in batches]
+    compile_seconds = warm_up(cfg, (baseline, speculative), encoded, device)
+    cost_ratio = profiled_cost_ratio(cfg, speculative, encoded[0], setting.identity.k)
     compiled_before = compilations()
 
     writer = rundir.RowWriter(out_dir)
@@ -313,7 +315,7 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
             for row_index, prompt in enumerate(batch):
                 row = make_row(setting, condition, prompt, int(mask[row_index].sum()), row_index, len(batch),
                                spec_out.stats, base_out.stats, speculative.drafter.drafts_trees,
-                               compile_seconds).to_json()
+                               compile_seconds, cost_ratio).to_json()
                 writer.write(row)
                 all_rows.append(row)
                 logger.log_row(row, len(all_rows) - 1)
@@ -354,6 +356,26 @@ def warm_up(cfg, decoders: tuple, encoded: list[tuple[torch.Tensor, torch.Tensor
     return clock.now() - start
 
 
+def profiled_cost_ratio(cfg, decoder: specdec.Decoder, encoded: tuple[torch.Tensor, torch.Tensor],
+                        k: int) -> float | None:
+    """The cost ratio of a decoder whose steps run on the device, where its phases are not timed apart: its
+    drafter's model's forward of one token over the target's verify forward of k + 1, each timed alone as the device
+    step runs it (a CUDA graph replay on CUDA), over the first prompt. None for a decoder timed by phase, or a
+    drafter that runs no single model."""
+    models = decoder.drafter.models()
+    if not decoder.steps_on_device or len(models) != 1 or k < 1:
+        return None
+    input_ids, mask = encoded
+    prompt = input_ids[:1, mask[0].bool()]  # [1, T] the first prompt, unpadded
+    prompt = prompt.repeat(1, -(-(k + 1) // prompt.shape[1]))  # at least the k + 1 tokens a verify forward feeds
+
+    def seconds(model: torch.nn.Module, width: int, label: str) -> float:
+        return time_forwards(model, prompt, [width], compile=cfg.compile, label=label, forward=cfg.forward,
+                             captured=prompt.device.type == "cuda")[width]
+
+    return seconds(models[0], 1, "draft") / seconds(decoder.target, k + 1, "target")
+
+
 def most_jobs(before: int | None, after: int | None) -> int | None:
     """The larger count, or None when jobs cannot be counted."""
     return None if before is None or after is None else max(before, after)
@@ -375,15 +397,17 @@ def generate_or_explain(generate, decoder, input_ids, mask, batch):
 
 
 def make_row(setting: Setting, condition: Condition, prompt, prompt_tokens: int, i: int, batch_size: int,
-             spec: DecodeStats, base: DecodeStats, tree: bool = False, compile_seconds: float | None = None) -> Row:
+             spec: DecodeStats, base: DecodeStats, tree: bool = False, compile_seconds: float | None = None,
+             cost_ratio: float | None = None) -> Row:
     """The row (docs/results-schema.md) of row ``i`` of a batch of ``batch_size`` that both decoders ran;
-    ``compile_seconds``: the run's warm-up (``warm_up``)."""
+    ``compile_seconds``: the run's warm-up (``warm_up``); ``cost_ratio``: the run's profiled one, for steps run on
+    the device (``profiled_cost_ratio``)."""
     return Row(
         identity=replace(setting.identity, batch_size=batch_size),
         options=setting.options,
         condition=condition,
         prompt=PromptColumns(prompt_id=str(prompt.id), prompt_hash=prompt.hash, prompt_tokens=prompt_tokens),
-        metrics=Metrics.measure(spec, base, i, setting.identity.k, tree, compile_seconds),
+        metrics=Metrics.measure(spec, base, i, setting.identity.k, tree, compile_seconds, cost_ratio),
     )
 
 

@@ -124,6 +124,11 @@ class Decoder:
         self.device_program = self.choose_step(step)
         self.busy = threading.Lock()
 
+    @property
+    def steps_on_device(self) -> bool:
+        """Whether each step runs as one device program: its phases are not timed apart (their seconds are NaN)."""
+        return self.device_program is not None
+
     def choose_step(self, step: str):
         """The device program where the step runs on the device, else None (see ``specdec.device_loop``)."""
         from specdec.device_loop import DeviceProgram, device_step_blocker

@@ -133,7 +133,11 @@ class Metrics:
     speedup: float = column("baseline seconds per token / spec seconds per token (batch)")
     cost_ratio: float = column(
         "c = mean draft forward time / mean target forward time over the decode steps (prefills excluded), this "
-        "run (batch)")
+        "run (batch); where steps run on the device (not timed by phase), the same forwards timed apart once per run")
+    cost_ratio_source: str | None = column(
+        "where cost_ratio comes from: 'steps' (this batch's decode steps), 'profile' (the run's draft forward and "
+        "target verify forward of k + 1 tokens timed apart at warm-up, as the device step runs them), null (none). "
+        "Absent in rows written before it existed")
     predicted_speedup: float = column(
         "Leviathan et al. (2023) eq. 1: (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)) with alpha = acceptance_rate; "
         "null for a tree (the formula is for chains)")
@@ -148,12 +152,16 @@ class Metrics:
 
     @classmethod
     def measure(cls, spec: DecodeStats, base: DecodeStats, row: int, k: int, tree: bool,
-                compile_seconds: float | None = None) -> Metrics:
+                compile_seconds: float | None = None, profiled_cost_ratio: float | None = None) -> Metrics:
         """Row ``row`` of a batch that both decoders ran: its own counts, the batch's timings (specdec.stats's
         definitions). Leviathan's predicted speedup is for chains, so a token tree (``tree``) gets none.
-        ``compile_seconds``: the run's warm-up, where it compiled (None: eager)."""
+        ``compile_seconds``: the run's warm-up, where it compiled (None: eager). ``profiled_cost_ratio``: the cost
+        ratio of the run's forwards timed apart, for steps whose phases are not timed (the device step)."""
         counts = spec.rows[row]
         acceptance, cost_ratio = counts.acceptance_rate, spec.cost_ratio
+        cost_ratio_source = "steps" if math.isfinite(cost_ratio) else None
+        if cost_ratio_source is None and profiled_cost_ratio is not None:
+            cost_ratio, cost_ratio_source = profiled_cost_ratio, "profile"
         chain_prediction = not tree and math.isfinite(acceptance) and math.isfinite(cost_ratio)
         return cls(
             emitted=counts.emitted,
@@ -176,6 +184,7 @@ class Metrics:
             baseline_tokens_per_s=base.tokens_per_second,
             speedup=ratio(ratio(base.wall_seconds, base.emitted), ratio(spec.wall_seconds, spec.emitted)),
             cost_ratio=cost_ratio,
+            cost_ratio_source=cost_ratio_source,
             predicted_speedup=predicted_speedup(acceptance, k, cost_ratio) if chain_prediction else math.nan,
             ttft_seconds=spec.ttft_seconds,
             itl_seconds=spec.itl_seconds,

@@ -106,7 +106,9 @@ def test_rows_hold_the_schemas_metrics_and_documented_settings(tiny, tmp_path):
 def test_an_eager_run_reports_no_compile_time(tiny, tmp_path):
     run_dir = tmp_path / "run"
     summary = runner.run(*compose_run(tiny_overrides(tiny, num_prompts=1, max_new_tokens=4, warmup=1), run_dir))
-    assert [row["compile_seconds"] for row in rows_of(run_dir)] == [None] and summary["compile_seconds"] is None
+    rows = rows_of(run_dir)
+    assert [row["compile_seconds"] for row in rows] == [None] and summary["compile_seconds"] is None
+    assert rows[0]["cost_ratio_source"] == ("steps" if rows[0]["cost_ratio"] is not None else None)
 
 
 @pytest.mark.slow
@@ -121,6 +123,10 @@ def test_a_compiled_run_compiles_in_its_warm_up_and_reports_it_apart(tiny, tmp_p
     assert len({row["compile_seconds"] for row in rows}) == 1 and rows[0]["compile_seconds"] > 0
     assert summary["compile_seconds"] == rows[0]["compile_seconds"]
     assert "while prompts were timed" not in capsys.readouterr().err
+    # Its steps ran on the device, untimed by phase: the cost ratio was profiled once, and predicts the speedup.
+    assert {row["cost_ratio_source"] for row in rows} == {"profile"} and len({row["cost_ratio"] for row in rows}) == 1
+    assert rows[0]["cost_ratio"] > 0 and all(row["predicted_speedup"] is not None for row in rows
+                                             if row["acceptance_rate"] is not None)
 
 
 def test_default_config_on_the_embedded_pair(tmp_path, monkeypatch, capsys):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import pytest
 from conftest import REPO
@@ -97,6 +97,22 @@ def test_metrics_are_built_from_decode_stats_by_its_definitions():
     nothing_drafted = Metrics.measure(spec, base, row=1, k=2, tree=False)
     assert math.isnan(nothing_drafted.acceptance_rate) and math.isnan(nothing_drafted.predicted_speedup)
     assert math.isnan(Metrics.measure(spec, base, row=0, k=2, tree=True).predicted_speedup)  # chains only
+
+
+def test_steps_not_timed_by_phase_take_the_profiled_cost_ratio_and_say_so():
+    """The device step times no phase (NaN seconds): its rows take the run's profiled ratio, marked 'profile', and
+    get Leviathan's prediction from it; timed steps keep their own ratio whatever the profile says."""
+    spec = stats([RowStats(9, 8, 6, 3, [3, 3], [3, 2])], wall=2.0)
+    untimed = replace(spec, draft_step_seconds=math.nan, target_step_seconds=math.nan)
+    base = stats([RowStats(9, 0, 0, 9, [], [])], wall=6.5, forwards=(0, 12))
+    timed = Metrics.measure(spec, base, row=0, k=2, tree=False, profiled_cost_ratio=0.3)
+    assert timed.cost_ratio == pytest.approx(0.1) and timed.cost_ratio_source == "steps"
+    profiled = Metrics.measure(untimed, base, row=0, k=2, tree=False, profiled_cost_ratio=0.3)
+    assert profiled.cost_ratio == 0.3 and profiled.cost_ratio_source == "profile"
+    assert profiled.predicted_speedup == pytest.approx((1 + 0.75 + 0.75**2) / (2 * 0.3 + 1))
+    neither = Metrics.measure(untimed, base, row=0, k=2, tree=False)
+    assert math.isnan(neither.cost_ratio) and neither.cost_ratio_source is None
+    assert math.isnan(neither.predicted_speedup)
 
 
 def a_row(prompt_id: str = "p0", speedup: float = 1.5, **options) -> Row:
