@@ -1,38 +1,18 @@
-"""The front door: ``specdec.generate`` and ``specdec.Decoder``, which fill in the defaults (no draft: the
-autoregressive baseline; ``Speculative()``; ``FixedLength(4)``; greedy sampling) and check plain arguments before
-building the loop (``specdec.decode``), which takes every part explicitly."""
+"""The front door for one call: ``specdec.generate`` takes plain arguments (a draft model or none, a strategy's name,
+k, sampling settings), checks them, and runs a ``specdec.Decoder`` (``specdec.decode``) built from them."""
 
 from __future__ import annotations
 
 import torch
 
 from specdec.checks import check_device, check_model, model_device
-from specdec.decode import Decoder as ExplicitDecoder
-from specdec.drafters import ModelDrafter, NoDrafter
+from specdec.decode import Decoder
+from specdec.drafters import ModelDrafter
 from specdec.emit import GenerationOutput
 from specdec.interfaces import AcceptanceStrategy, Drafter
 from specdec.policies import DraftLengthPolicy, FixedLength
 from specdec.sampling import SamplingConfig
-from specdec.strategies import Speculative, make_strategy
-
-
-class Decoder(ExplicitDecoder):
-    """``specdec.decode.Decoder`` with defaults: ``drafter=None`` is the autoregressive baseline (``NoDrafter``),
-    ``strategy=None`` speculative sampling, ``draft_length=None`` ``FixedLength(4)``, ``sampling=None`` greedy.
-    Reuse one across calls: compiled forwards, static caches and captured steps are kept in it (``release``)."""
-
-    def __init__(self, target: torch.nn.Module, drafter: Drafter | None = None,
-                 strategy: AcceptanceStrategy | None = None, draft_length: DraftLengthPolicy | None = None,
-                 sampling: SamplingConfig | None = None, **options):
-        check_model("target", target)
-        super().__init__(
-            target,
-            drafter if drafter is not None else NoDrafter(),
-            strategy if strategy is not None else Speculative(),
-            draft_length if draft_length is not None else FixedLength(),
-            sampling if sampling is not None else SamplingConfig(),
-            **options,
-        )
+from specdec.strategies import make_strategy
 
 
 def generate(

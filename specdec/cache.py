@@ -7,13 +7,13 @@ tree). ``keep(kept)`` ends the step, the one rollback: of the region, the slots 
 committed slots in order; the rest are forgotten. A token fed with ``valid`` 0 is a *hole*: nobody attends it and it
 is never kept (left padding, rows that stopped generating, a drafter's optional queued token).
 
-Two caches (words in docs/glossary.md):
-- ``MaskedCache``: transformers' own forward over its ``DynamicCache`` (grows) or ``StaticCache`` (preallocated,
-  fixed addresses for compile). It has one length for every row, so a slot one row rejects stays as a hole
-  (attention mask 0) and positions are counted from the mask; slots every row rejects are cropped off the tail.
-  When holes outnumber the fullest row's committed slots, ``compact`` gathers each row's committed slots. A batch of
-  one row without padding never holds a hole, so its cache is *dense*: no mask, no positions, rollback is a crop
-  (transformers' padding-mask handling costs ~8% of a small model's step on CPU); a tree or a hole ends that.
+Two kinds of cache (words in docs/glossary.md):
+- ``MaskedCache``: transformers' own forward over its cache, one length for every row, so a slot one row rejects
+  stays as a hole (attention mask 0) and positions are counted from the mask; slots every row rejects are cropped
+  off the tail; ``compact`` gathers each row's committed slots. Two layouts, one class each:
+  ``DynamicMaskedCache`` (transformers' ``DynamicCache``, grows; a batch of one row without padding never holds a
+  hole, so its cache is *dense*: no mask, no positions, rollback is a crop, until a tree or a hole ends that) and
+  ``StaticMaskedCache`` (``StaticCache``, preallocated at fixed addresses for compile; compacts or grows when full).
 - ``LeanCache``: ``specdec.lean``'s forward over preallocated buffers, with per-row lengths on the device. A row's
   committed slots are [0, length); a region's valid tokens are written right after them in order and its holes
   after those, so keeping a prefix (a chain) is arithmetic on lengths and the next write overwrites what was
@@ -35,6 +35,7 @@ from transformers import DynamicCache, StaticCache
 
 from specdec.checks import check_allocation
 from specdec.lean import LeanForward, lean_forward, lean_support
+from specdec.types import ModelOutput
 
 CACHE_LAYOUTS = ("dynamic", "static")
 FORWARDS = ("auto", "lean", "transformers")
@@ -102,15 +103,18 @@ class KVCache:
     """A model's cache for one ``generate`` call; its owner feeds each step's tokens and keeps some of them."""
 
     def feed(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, tree: TreeFeed | None = None,
-             logit_columns: torch.Tensor | None = None, prefill: bool = False) -> torch.Tensor:
+             logit_columns: torch.Tensor | None = None, prefill: bool = False, hidden_layers: tuple[int, ...] = (),
+             features: torch.Tensor | None = None) -> ModelOutput:
         """Feed [B, n] tokens (``valid`` [B, n] 0 for holes, None when every token is real) and return the [B, m, V]
-        logits of ``logit_columns`` [m] (None: all n). ``prefill``: a width that varies per call, run eager."""
+        logits of ``logit_columns`` [m] (None: all n), with the [B, n, H, D] hidden states of ``hidden_layers``
+        (``specdec.lean.LeanForward``'s numbering) where asked. ``features`` [B, n, F]: what a model that reads
+        more than tokens takes beside them. ``prefill``: a width that varies per call, run eager."""
         raise NotImplementedError
 
-    def keep(self, kept: torch.Tensor, prefix: bool, max_kept: int | None = None, all_kept: bool = False) -> None:
+    def keep(self, kept: torch.Tensor, prefix: bool, max_kept: int | None = None) -> None:
         """End the step: keep the region's slots where ``kept`` [B, R] holds (only valid ones). ``prefix``: each
-        row's kept slots are the first of its valid ones. Host hints, where the owner has them: ``max_kept``, no
-        row keeps a region slot at or past this index; ``all_kept``, every row keeps every valid slot."""
+        row's kept slots are the first of its valid ones. ``max_kept``, a host bound where the owner has one: no
+        row keeps a region slot at or past this index."""
         raise NotImplementedError
 
     def select_rows(self, index: torch.Tensor) -> None:
@@ -122,73 +126,60 @@ class KVCache:
         set of shapes and cannot grow a cache."""
         raise NotImplementedError(f"the {type(self).__name__} cannot run a captured step")
 
+    def device_state(self) -> dict[str, torch.Tensor]:
+        """The tensors a captured step reads from the step before it, by name (``specdec.device_loop``)."""
+        raise NotImplementedError(f"the {type(self).__name__} cannot run a captured step")
+
 
 class MaskedCache(KVCache):
-    """transformers' forward over its own cache; rejected slots become holes (see the module docstring)."""
+    """transformers' forward over its own cache, one length for every row: a slot one row rejects stays as a hole
+    (attention mask 0) and positions are counted from the mask; slots every row rejects are cropped off the tail.
+    Two layouts: ``DynamicMaskedCache`` (grows) and ``StaticMaskedCache`` (preallocated)."""
 
-    def __init__(self, owner: CachedModel, batch_size: int, device: torch.device, capacity: int):
+    def __init__(self, owner: CachedModel):
         self.owner, self.model, self.label = owner, owner.model, owner.label
-        self.static = owner.static
-        self.run_compiled = owner.compiled_forward() if owner.compile else None
-        self.marks_cuda_graph_steps = owner.compile and device_is_cuda(device)
-        if self.static:
-            self.past, self.mask = owner.static_cache(batch_size, capacity, device)
-            self.capacity = self.mask.shape[1]
-        else:
-            self.past = DynamicCache(config=self.model.config)
-            self.mask = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # [B, S] 1 = committed slot
-        self.num_slots = 0  # slots written so far; a static mask is zero past them
+        self.mask: torch.Tensor  # [B, S] 1 = committed slot (a static layout's is zero past num_slots)
+        self.num_slots = 0  # slots written so far
         self.region_start = 0  # the first slot of the current step's region
-        self.dense = batch_size == 1 and not self.static  # no hole in any slot: no mask kept
-        self.next_hole_check = 64  # dynamic layout: slot count at which to look for piled-up holes again
         self.body = getattr(self.model, "base_model", self.model)  # transformers' models: the layers without the head
 
-    def feed(self, tokens, valid=None, tree=None, logit_columns=None, prefill=False) -> torch.Tensor:
-        if valid is not None and self.dense and not bool(valid.all()):  # one read, where a dense row sees a hole
-            self.leave_dense()
-        if tree is not None:
-            self.leave_dense()  # the tree's other nodes become holes
+    def feed(self, tokens, valid=None, tree=None, logit_columns=None, prefill=False, hidden_layers=(),
+             features=None) -> ModelOutput:
+        if features is not None:
+            raise ValueError(f"the {self.label} model runs transformers' forward, which reads token ids only")
         n = tokens.shape[1]
-        self.make_room(n)
-        no_logits = logit_columns is not None and logit_columns.numel() == 0
-        module = self.body if no_logits else self.model
-        if not prefill and self.run_compiled is not None and not no_logits:
-            module = self.run_compiled
-            if self.marks_cuda_graph_steps:
-                torch.compiler.cudagraph_mark_step_begin()  # earlier outputs of this graph may now be overwritten
-        options = {} if no_logits or logit_columns is None else {"logits_to_keep": logit_columns}
-        if self.dense:  # no holes: the model counts positions from the cache's length, as without a mask
-            self.num_slots += n
-            out = module(input_ids=tokens, past_key_values=self.past, use_cache=True, **options)
-            return self.no_logits(tokens) if no_logits else out.logits
         valid = torch.ones_like(tokens) if valid is None else valid.long()  # [B, n]
-        committed_before = self.mask[:, : self.region_start].sum(-1, keepdim=True)  # [B, 1]
         if tree is None:  # a causal run: positions count the valid slots so far
             positions = self.mask.sum(-1, keepdim=True) + valid.cumsum(-1) - 1  # [B, n]
         else:
-            positions = committed_before + tree.offsets  # [B, n]
+            positions = self.mask[:, : self.region_start].sum(-1, keepdim=True) + tree.offsets  # [B, n]
         where = self.write_mask(valid)
         attention_mask = self.mask if tree is None else self.tree_mask(tree, n)
-        out = module(input_ids=tokens, attention_mask=attention_mask, position_ids=positions.clamp_min(0),
-                     past_key_values=self.past, use_cache=True, **where, **options)
-        return self.no_logits(tokens) if no_logits else out.logits
+        return self.run(tokens, prefill, logit_columns, hidden_layers, attention_mask=attention_mask,
+                        position_ids=positions.clamp_min(0), **where)
 
-    def no_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """[B, 0, V]: what a feed that asked for no logit column returns."""
-        return torch.empty(tokens.shape[0], 0, self.model.config.vocab_size, device=tokens.device)
+    def run(self, tokens: torch.Tensor, prefill: bool, logit_columns: torch.Tensor | None,
+            hidden_layers: tuple[int, ...], **inputs) -> ModelOutput:
+        """One forward of the model over the cache. Asked for no logit column, the body alone runs."""
+        if logit_columns is not None and logit_columns.numel() == 0:
+            self.body(input_ids=tokens, past_key_values=self.past, use_cache=True, **inputs)
+            empty = torch.empty(tokens.shape[0], 0, self.model.config.vocab_size, device=tokens.device)
+            return ModelOutput(empty)
+        options = {} if logit_columns is None else {"logits_to_keep": logit_columns}
+        if hidden_layers:
+            options["output_hidden_states"] = True
+        out = self.module(prefill)(input_ids=tokens, past_key_values=self.past, use_cache=True, **inputs, **options)
+        if not hidden_layers:
+            return ModelOutput(out.logits)
+        return ModelOutput(out.logits, torch.stack([out.hidden_states[i] for i in hidden_layers], 2))  # [B, n, H, D]
+
+    def module(self, prefill: bool):
+        """The callable that runs a forward with logits: the model itself."""
+        return self.model
 
     def write_mask(self, valid: torch.Tensor) -> dict:
-        """Mark the n new slots in the mask (1 where valid); a static cache is told where to write."""
-        n = valid.shape[1]
-        if self.static:
-            slots = torch.arange(self.num_slots, self.num_slots + n, device=valid.device)  # [n]
-            self.mask[:, slots] = valid
-            where = {"cache_position": slots}
-        else:
-            self.mask = torch.cat([self.mask, valid], dim=1)
-            where = {}
-        self.num_slots += n
-        return where
+        """Mark the n new slots in the mask (1 where valid); what the model must be told of where they go."""
+        raise NotImplementedError
 
     def tree_mask(self, tree: TreeFeed, n: int) -> torch.Tensor:
         """[B, 1, n, S] for a tree: every committed slot before the region, and the region's valid slots its row of
@@ -201,47 +192,12 @@ class MaskedCache(KVCache):
         mask = torch.cat([committed.unsqueeze(1).expand(-1, n, -1), region_attend], -1)  # [B, n, S0 + R]
         return mask.unsqueeze(1)
 
-    def keep(self, kept, prefix, max_kept=None, all_kept=False) -> None:
+    def keep(self, kept, prefix, max_kept=None) -> None:
         num_region = self.num_slots - self.region_start
-        if self.dense and max_kept is None:
-            self.leave_dense()
-        if not all_kept:
-            if self.dense:  # one row, a prefix: its count is max_kept
-                self.crop_tail(num_region - max_kept)
-            else:
-                self.mask[:, self.region_start : self.num_slots] *= kept.long()
-                if max_kept is not None:
-                    self.crop_tail(num_region - max_kept)
+        self.mask[:, self.region_start : self.num_slots] *= kept.long()
+        if max_kept is not None:
+            self.crop_tail(num_region - max_kept)
         self.region_start = self.num_slots
-        if not self.static and not self.dense and self.num_slots >= self.next_hole_check:
-            self.compact_if_mostly_holes()
-
-    def make_room(self, n: int) -> None:
-        """A static cache about to overflow compacts (between steps) or grows."""
-        if not self.static or self.num_slots + n <= self.capacity:
-            return
-        if self.num_slots and self.region_start == self.num_slots:
-            self.compact()
-        if self.num_slots + n > self.capacity:
-            self.grow(2 * (self.num_slots + n))
-
-    def leave_dense(self) -> None:
-        """From now on the cache may hold holes: write the mask a dense cache does not keep (all ones)."""
-        if self.dense:
-            self.mask = torch.ones(self.mask.shape[0], self.num_slots, dtype=torch.long, device=self.mask.device)
-            self.dense = False
-
-    def select_rows(self, index: torch.Tensor) -> None:
-        if self.static:
-            raise ValueError(f"the {self.label} static cache keeps its batch rows; use the dynamic layout")
-        self.past.batch_select_indices(index)
-        self.mask = self.mask[index]
-
-    def compact_if_mostly_holes(self) -> None:
-        """Compact when holes outnumber the fullest row's committed slots (a host sync every ~S/2 slots)."""
-        if self.num_slots > 2 * int(self.mask.sum(-1).max()):
-            self.compact()
-        self.next_hole_check = self.num_slots + max(64, self.num_slots // 2)
 
     def crop_tail(self, num_slots: int) -> None:
         """Forget the last ``num_slots`` slots (already holes in every row)."""
@@ -249,18 +205,11 @@ class MaskedCache(KVCache):
             return
         self.num_slots -= num_slots
         self.region_start = min(self.region_start, self.num_slots)
-        if self.static:
-            for layer in self.past.layers:
-                layer.cumulative_length.sub_(num_slots)  # the next write overwrites the stale slots
-        else:
-            self.past.crop(-num_slots)  # transformers 5.x: a negative count of slots to remove
-            if not self.dense:
-                self.mask = self.mask[:, : self.num_slots]
+        self.drop_tail(num_slots)
 
-    def grow(self, capacity: int) -> None:
-        """Reallocate the static cache with ``capacity`` slots (rounded up), keeping the slots written so far."""
-        past, grown = self.owner.grow_static_cache(self.past, self.mask, self.num_slots, capacity)
-        self.past, self.mask, self.capacity = past, grown, grown.shape[1]
+    def drop_tail(self, num_slots: int) -> None:
+        """The layout's part of ``crop_tail``: its cache and mask forget their last ``num_slots`` slots."""
+        raise NotImplementedError
 
     def compact(self) -> None:
         """Gather each row's committed slots, in order, to the end of the first ``max committed`` slots."""
@@ -272,20 +221,145 @@ class MaskedCache(KVCache):
             for name in ("keys", "values"):
                 states = getattr(layer, name)  # [B, H, S, D]
                 index = order[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
-                gathered = states.gather(2, index)  # [B, H, L, D]
-                if self.static:
-                    states[:, :, :length] = gathered  # in place: static tensors keep their addresses
-                else:
-                    setattr(layer, name, gathered)
-            if self.static:
-                layer.cumulative_length.fill_(length)
-        new_mask = committed.gather(1, order).long()  # [B, L]
-        if self.static:
-            self.mask.zero_()
-            self.mask[:, :length] = new_mask
-        else:
-            self.mask = new_mask
+                self.store_compacted(layer, name, states.gather(2, index), length)  # [B, H, L, D]
+        self.store_compacted_mask(committed.gather(1, order).long(), length)  # [B, L]
         self.num_slots = self.region_start = length
+
+    def store_compacted(self, layer, name: str, gathered: torch.Tensor, length: int) -> None:
+        """Hold a layer's gathered [B, H, L, D] keys or values as its first ``length`` slots."""
+        raise NotImplementedError
+
+    def store_compacted_mask(self, mask: torch.Tensor, length: int) -> None:
+        """Hold the gathered [B, L] mask as the first ``length`` slots' mask."""
+        raise NotImplementedError
+
+
+class DynamicMaskedCache(MaskedCache):
+    """transformers' ``DynamicCache``, which grows. A batch of one row without padding never holds a hole, so its
+    cache is *dense*: no mask, no positions, rollback is a crop (transformers' padding-mask handling costs ~8% of a
+    small model's step on CPU); a tree or a hole ends that. Holes piling up are compacted away."""
+
+    def __init__(self, owner: CachedModel, batch_size: int, device: torch.device):
+        super().__init__(owner)
+        self.past = DynamicCache(config=self.model.config)
+        self.mask = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # [B, S]
+        self.dense = batch_size == 1  # no hole in any slot: no mask kept
+        self.next_hole_check = 64  # slot count at which to look for piled-up holes again
+
+    def feed(self, tokens, valid=None, tree=None, logit_columns=None, prefill=False, hidden_layers=(),
+             features=None) -> ModelOutput:
+        if self.dense and (tree is not None or (valid is not None and not bool(valid.all()))):
+            self.leave_dense()  # a tree's other nodes, or a hole (one read, where a dense row sees one)
+        if not self.dense:
+            return super().feed(tokens, valid, tree, logit_columns, prefill, hidden_layers, features)
+        if features is not None:
+            raise ValueError(f"the {self.label} model runs transformers' forward, which reads token ids only")
+        self.num_slots += tokens.shape[1]  # no holes: the model counts positions from the cache's length
+        return self.run(tokens, prefill, logit_columns, hidden_layers)
+
+    def write_mask(self, valid: torch.Tensor) -> dict:
+        self.mask = torch.cat([self.mask, valid], dim=1)
+        self.num_slots += valid.shape[1]
+        return {}
+
+    def keep(self, kept, prefix, max_kept=None) -> None:
+        if self.dense and max_kept is None:
+            self.leave_dense()
+        if self.dense:  # one row, a prefix: its count is max_kept
+            self.crop_tail(self.num_slots - self.region_start - max_kept)
+            self.region_start = self.num_slots
+            return
+        super().keep(kept, prefix, max_kept)
+        if self.num_slots >= self.next_hole_check:
+            self.compact_if_mostly_holes()
+
+    def leave_dense(self) -> None:
+        """From now on the cache may hold holes: write the mask a dense cache does not keep (all ones)."""
+        if self.dense:
+            self.mask = torch.ones(self.mask.shape[0], self.num_slots, dtype=torch.long, device=self.mask.device)
+            self.dense = False
+
+    def drop_tail(self, num_slots: int) -> None:
+        self.past.crop(-num_slots)  # transformers 5.x: a negative count of slots to remove
+        if not self.dense:
+            self.mask = self.mask[:, : self.num_slots]
+
+    def compact_if_mostly_holes(self) -> None:
+        """Compact when holes outnumber the fullest row's committed slots (a host sync every ~S/2 slots)."""
+        if self.num_slots > 2 * int(self.mask.sum(-1).max()):
+            self.compact()
+        self.next_hole_check = self.num_slots + max(64, self.num_slots // 2)
+
+    def store_compacted(self, layer, name, gathered, length) -> None:
+        setattr(layer, name, gathered)
+
+    def store_compacted_mask(self, mask, length) -> None:
+        self.mask = mask
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        self.past.batch_select_indices(index)
+        self.mask = self.mask[index]
+
+
+class StaticMaskedCache(MaskedCache):
+    """transformers' ``StaticCache``, preallocated at fixed addresses (for compiled forwards): a write says where it
+    goes (``cache_position``); about to overflow, it compacts (between steps) or grows. It keeps its batch rows."""
+
+    def __init__(self, owner: CachedModel, batch_size: int, device: torch.device, capacity: int):
+        super().__init__(owner)
+        self.past, self.mask = owner.static_cache(batch_size, capacity, device)
+        self.capacity = self.mask.shape[1]
+        self.run_compiled = owner.compiled_forward() if owner.compile else None
+        self.marks_cuda_graph_steps = owner.compile and device_is_cuda(device)
+
+    def feed(self, tokens, valid=None, tree=None, logit_columns=None, prefill=False, hidden_layers=(),
+             features=None) -> ModelOutput:
+        self.make_room(tokens.shape[1])
+        return super().feed(tokens, valid, tree, logit_columns, prefill, hidden_layers, features)
+
+    def module(self, prefill: bool):
+        """The compiled forward for decode steps where compiled; the prefill's width varies per call: eager."""
+        if prefill or self.run_compiled is None:
+            return self.model
+        if self.marks_cuda_graph_steps:
+            torch.compiler.cudagraph_mark_step_begin()  # earlier outputs of this graph may now be overwritten
+        return self.run_compiled
+
+    def write_mask(self, valid: torch.Tensor) -> dict:
+        n = valid.shape[1]
+        slots = torch.arange(self.num_slots, self.num_slots + n, device=valid.device)  # [n]
+        self.mask[:, slots] = valid
+        self.num_slots += n
+        return {"cache_position": slots}
+
+    def make_room(self, n: int) -> None:
+        """About to overflow: compact (between steps), then grow if that is not enough."""
+        if self.num_slots + n <= self.capacity:
+            return
+        if self.num_slots and self.region_start == self.num_slots:
+            self.compact()
+        if self.num_slots + n > self.capacity:
+            self.grow(2 * (self.num_slots + n))
+
+    def grow(self, capacity: int) -> None:
+        """Reallocate the static cache with ``capacity`` slots (rounded up), keeping the slots written so far."""
+        past, grown = self.owner.grow_static_cache(self.past, self.mask, self.num_slots, capacity)
+        self.past, self.mask, self.capacity = past, grown, grown.shape[1]
+
+    def drop_tail(self, num_slots: int) -> None:
+        for layer in self.past.layers:
+            layer.cumulative_length.sub_(num_slots)  # the next write overwrites the stale slots
+
+    def store_compacted(self, layer, name, gathered, length) -> None:
+        getattr(layer, name)[:, :, :length] = gathered  # in place: static tensors keep their addresses
+        layer.cumulative_length.fill_(length)
+
+    def store_compacted_mask(self, mask, length) -> None:
+        self.mask.zero_()
+        self.mask[:, :length] = mask
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        raise ValueError(f"the {self.label} static cache keeps its batch rows; use the dynamic layout")
 
 
 class LeanCache(KVCache):
@@ -316,7 +390,8 @@ class LeanCache(KVCache):
         self.region_slots, self.region_valid = empty, empty.bool()  # [B, R] each entry's slot, whether it is valid
         self.region_count.zero_()
 
-    def feed(self, tokens, valid=None, tree=None, logit_columns=None, prefill=False) -> torch.Tensor:
+    def feed(self, tokens, valid=None, tree=None, logit_columns=None, prefill=False, hidden_layers=(),
+             features=None) -> ModelOutput:
         batch, n = tokens.shape
         if self.bound + n > self.capacity:
             self.grow(2 * (self.bound + n))
@@ -337,8 +412,9 @@ class LeanCache(KVCache):
         self.region_count += num_valid.squeeze(1)
         self.bound += n
         run = self.eager if prefill else self.run
-        return run(tokens, positions.clamp(0, self.position_limit), slots, attend, self.keys, self.values,
-                   logit_columns)
+        output = run(tokens, positions.clamp(0, self.position_limit), slots, attend, self.keys, self.values,
+                     logit_columns, hidden_layers, features)
+        return ModelOutput(*output) if hidden_layers else ModelOutput(output)
 
     def attention(self, slots: torch.Tensor, valid: torch.Tensor, tree: TreeFeed | None, span: int) -> torch.Tensor:
         """[B, n, S] bool: the committed slots, the region's valid slots each token attends, and its own slot."""
@@ -357,7 +433,7 @@ class LeanCache(KVCache):
             region = region.scatter_add_(2, entry_slots.unsqueeze(1).expand_as(seen), seen) > 0  # [B, n, S]
         return committed.unsqueeze(1) & valid.unsqueeze(2) | region | own
 
-    def keep(self, kept, prefix, max_kept=None, all_kept=False) -> None:
+    def keep(self, kept, prefix, max_kept=None) -> None:
         kept = kept & self.region_valid  # [B, R]
         if not prefix:
             self.gather_kept(kept)
@@ -439,6 +515,11 @@ class CachedModel:
         return self.lean is not None
 
     @property
+    def num_layers(self) -> int:
+        """The model's blocks (hidden states are numbered 0..num_layers, ``specdec.lean.LeanForward``)."""
+        return self.lean.num_layers if self.is_lean else self.model.config.num_hidden_layers
+
+    @property
     def selects_rows(self) -> bool:
         """Whether its caches can drop batch rows (compiled forwards and transformers' static caches keep theirs)."""
         return not self.compile if self.is_lean else not self.static
@@ -447,7 +528,9 @@ class CachedModel:
         """A cache for one call, with room for ``capacity`` slots."""
         if self.is_lean:
             return LeanCache(self, batch_size, device, capacity, fixed_span=fixed_span or self.compile)
-        return MaskedCache(self, batch_size, device, capacity)
+        if self.static:
+            return StaticMaskedCache(self, batch_size, device, capacity)
+        return DynamicMaskedCache(self, batch_size, device)
 
     def compiled_forward(self):
         """The forward compiled once for this owner (lean: inductor alone; transformers': CUDA graphs on CUDA)."""

@@ -278,15 +278,9 @@ def check_next_k(policy: DraftLengthPolicy, k: object, max_k: int) -> int:
     return value
 
 
-def trusts_proposals(drafter: Drafter) -> bool:
-    """Whether ``drafter.propose`` is one of specdec's own, whose proposals need no check; a custom one is checked
-    each step (``check_proposal``)."""
-    return type(drafter).propose.__module__.startswith("specdec.")
-
-
 def check_proposal(proposal: object, drafter: Drafter, k: int, batch_size: int, device: torch.device,
                    vocab_size: int) -> None:
-    """A custom drafter's proposal, before the target's forward: a ``Proposal`` of [B, N] integer tokens on the
+    """A drafter's proposal, unless it ``trusted_proposals`` (specdec's own), before the target's forward: a ``Proposal`` of [B, N] integer tokens on the
     target's device, drafting at most ``k`` positions, ids in the vocabulary, probs [B, *, V]. One host read (the
     ids' range): an id outside the vocabulary would index out of bounds in the embedding."""
     name = f"drafter {drafter.name!r}"

@@ -15,19 +15,23 @@ import torch
 
 from specdec.cache import KVCache, TreeFeed, adopted
 from specdec.layout import VerifyLayout
-from specdec.types import HostSync
+from specdec.types import ModelOutput, StepOutcome
 
 
 class CachedContext:
     """A KV cache and its queue (see the module docstring). ``prompt`` [B, T] is queued whole; ``prompt_mask``
-    [B, T] marks its left padding, or is None for a prompt without any."""
+    [B, T] marks its left padding, or is None for a prompt without any; ``prompt_features`` [B, T, F], for a model
+    that reads features beside its tokens."""
 
-    def __init__(self, cache: KVCache, prompt: torch.Tensor, prompt_mask: torch.Tensor | None):
+    def __init__(self, cache: KVCache, prompt: torch.Tensor, prompt_mask: torch.Tensor | None,
+                 prompt_features: torch.Tensor | None = None):
         self.cache = cache
         self.queue = prompt  # [B, m]
         self.queue_valid = prompt_mask  # [B, m] 0 for holes; None: every queued token is real
+        self.queue_features = prompt_features  # [B, m, F] or None
         self.queue_owned = False  # the queue is the caller's prompt: never written in place
         self.prefill = True  # the first feed's width follows the prompt: eager
+        self.fixed_shapes = False  # every step has the same shapes: the queue is rewritten in place (``fix_shapes``)
         self.start_step()
 
     def start_step(self) -> None:
@@ -35,31 +39,43 @@ class CachedContext:
         self.queue_count: torch.Tensor | None = None  # [B] real tokens among them
         self.fed_nodes = 0  # proposal nodes fed this step
 
+    def fix_shapes(self, slots: int) -> None:
+        """Make room for ``slots`` cache slots and keep every later step's shapes fixed, the queue's included, so a
+        captured step replays over the same tensors (``specdec.device_loop``)."""
+        self.cache.fix_shapes(slots)
+        self.fixed_shapes = True
+
     def feed(self, nodes: torch.Tensor | None = None, layout: VerifyLayout | None = None,
-             active: torch.Tensor | None = None, num_logits: int = 1) -> torch.Tensor:
+             active: torch.Tensor | None = None, num_logits: int = 1, node_features: torch.Tensor | None = None,
+             hidden_layers: tuple[int, ...] = ()) -> ModelOutput:
         """Feed the queue if this step has not yet, then ``nodes`` [B, n]: the next n of ``layout``'s positions,
-        holes in rows where ``active`` [B] is False (None: every row generates). Returns the [B, num_logits, V]
-        logits of the last columns fed."""
-        parts, valid_parts = [], []
+        holes in rows where ``active`` [B] is False (None: every row generates), with ``node_features`` [B, n, F]
+        where the context carries features. Returns the [B, num_logits, V] logits of the last columns fed, and the
+        ``hidden_layers`` asked for at every column fed (``ModelOutput``)."""
+        parts, valid_parts, feature_parts = [], [], []
         if not self.queue_fed:
             parts.append(self.queue)
             valid_parts.append(self.queue_valid)
+            feature_parts.append(self.queue_features)
         if nodes is not None:
             parts.append(nodes)
             valid_parts.append(None if active is None else active.long().unsqueeze(1).expand_as(nodes))
+            feature_parts.append(node_features)
         tokens = torch.cat(parts, 1) if len(parts) > 1 else parts[0]  # [B, n]
         valid = self.combine_valid(parts, valid_parts)
+        features = None if self.queue_features is None else torch.cat(feature_parts, 1)  # [B, n, F]
         tree = None if layout is None or layout.causal else self.tree_feed(layout, nodes.shape[1])
         n = tokens.shape[1]
         columns = torch.arange(n - num_logits, n, device=tokens.device)  # [num_logits]
-        logits = self.cache.feed(tokens, valid, tree, columns, prefill=self.prefill)
+        output = self.cache.feed(tokens, valid, tree, columns, prefill=self.prefill, hidden_layers=hidden_layers,
+                                 features=features)
         self.prefill = False
         if not self.queue_fed:
             self.queue_fed = self.queue.shape[1]
             self.queue_count = self.queue.new_full(self.queue.shape[:1], self.queue_fed) \
                 if self.queue_valid is None else self.queue_valid.sum(-1)
         self.fed_nodes += 0 if nodes is None else nodes.shape[1]
-        return logits
+        return output
 
     @staticmethod
     def combine_valid(parts: list[torch.Tensor], valid_parts: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -92,55 +108,83 @@ class CachedContext:
         queue_rows = queue_rows.expand(*node_rows.shape[:-2], -1, -1)  # [(B,) m, R]
         return TreeFeed(offsets, torch.cat([queue_rows, node_rows], -2))
 
-    def commit(self, layout: VerifyLayout, path: torch.Tensor, num_new: torch.Tensor, next_token: torch.Tensor,
-               proposed: torch.Tensor, active_after: torch.Tensor, host: HostSync | None) -> None:
-        """End the step. ``num_new`` [B]: tokens each row emitted (its kept proposals, then ``next_token`` [B]);
-        ``path`` [B, d] the accepted path in ``proposed`` [B, N]; ``active_after`` [B] bool the rows still
-        generating. ``host``: the step's host copies where the loop read them (they let the cache crop and the
-        queue stay one token wide), None on a step that reads nothing."""
-        next_token = next_token.unsqueeze(1)  # [B, 1]
-        next_valid = None if host is not None and host.num_active == active_after.shape[0] else \
-            active_after.long().unsqueeze(1)  # [B, 1]
-        if not self.queue_fed:  # nothing fed this step: the new token joins the queue
+    def commit(self, outcome: StepOutcome) -> None:
+        """End the step from its outcome: the cache keeps the queue's real tokens and the fed nodes on the accepted
+        path that were emitted; the queue becomes the emitted tokens it has not seen (the next token, and the
+        proposal's last token where it was emitted but never fed). A context fed nothing this step queues the next
+        token behind what it had queued."""
+        next_token = outcome.next_token.unsqueeze(1)  # [B, 1]
+        next_valid = None if outcome.all_active_after else outcome.active_after.long().unsqueeze(1)  # [B, 1]
+        if not self.queue_fed:
+            queue = torch.cat([self.queue, next_token], 1)
             valid = self.combine_valid([self.queue, next_token], [self.queue_valid, next_valid])
-            self.replace_queue(torch.cat([self.queue, next_token], 1), valid, in_place=False)
+            self.keep(next_token.new_zeros(next_token.shape[0], 0, dtype=torch.bool), True, None, queue, valid)
             return
-        emitted_drafts = (num_new - 1).clamp_min(0)  # [B]
-        kept_nodes = layout.kept_nodes(path, emitted_drafts, self.fed_nodes)  # [B, fed]
+        layout = outcome.layout
+        emitted_drafts = (outcome.num_new - 1).clamp_min(0)  # [B]
+        kept_nodes = layout.kept_nodes(outcome.path, emitted_drafts, self.fed_nodes)  # [B, fed]
         kept = torch.cat([kept_nodes.new_ones(kept_nodes.shape[0], self.queue_fed), kept_nodes], 1)  # [B, R]
         prefix = layout.causal or not self.fed_nodes  # kept nodes a prefix of the fed ones (or none fed)
-        max_kept = None
-        if host is not None and prefix:
-            max_kept = self.queue_fed + min(max(host.max_new - 1, 0), self.fed_nodes)
-        self.cache.keep(kept, prefix=prefix, max_kept=max_kept)
+        max_kept = self.queue_fed + min(outcome.most_drafts_emitted, self.fed_nodes) if prefix else None
         queue, queue_valid = next_token, next_valid
-        last_unfed = self.fed_nodes < layout.num_nodes  # the proposal's last level was never fed
-        if last_unfed and (host is None or host.max_new - 1 >= layout.depth):
-            whole_path = emitted_drafts == layout.depth  # [B] rows that emitted the unfed last node
-            last = layout.path_tokens(proposed, path)[:, -1:]  # [B, 1]
-            last_valid = None if host is not None and host.min_new - 1 >= layout.depth and next_valid is None \
-                else (whole_path & active_after).long().unsqueeze(1)  # [B, 1]
+        if self.fed_nodes < layout.num_nodes and outcome.most_drafts_emitted >= layout.depth:
+            # The proposal's last level was never fed, and some row emitted its node: queue it before the next token.
+            last = outcome.new_tokens[:, layout.depth - 1 : layout.depth]  # [B, 1] the path's last token where emitted
+            every_row = outcome.fewest_drafts_emitted >= layout.depth and next_valid is None
+            last_valid = None if every_row else \
+                ((emitted_drafts == layout.depth) & outcome.active_after).long().unsqueeze(1)  # [B, 1]
             queue = torch.cat([last, next_token], 1)  # [B, 2]
             queue_valid = self.combine_valid([last, next_token], [last_valid, next_valid])
-        self.replace_queue(queue, queue_valid, in_place=host is None)
+        self.keep(kept, prefix, max_kept, queue, queue_valid)
+
+    def kept_prefix(self, num_kept: torch.Tensor) -> torch.Tensor:
+        """[B, R] the slots fed this step that keep each row's first ``num_kept`` [B] real tokens (its queued ones,
+        which end the queue after its left padding, then its nodes, all real in a row that keeps any)."""
+        fed = self.queue_fed + self.fed_nodes
+        if not fed:
+            return num_kept.new_zeros(num_kept.shape[0], 0, dtype=torch.bool)
+        first_real = (self.queue_fed - self.queue_count).unsqueeze(1)  # [B, 1] after the queue's left padding
+        columns = torch.arange(fed, device=num_kept.device)  # [R]
+        return (columns >= first_real) & (columns < first_real + num_kept.unsqueeze(1))  # [B, R]
+
+    def keep(self, kept: torch.Tensor, prefix: bool, max_kept: int | None, queue: torch.Tensor,
+             queue_valid: torch.Tensor | None, queue_features: torch.Tensor | None = None) -> None:
+        """End the step, the one rollback: of the slots fed this step, the cache keeps those where ``kept`` [B, R]
+        holds (``prefix``: each row's first valid ones; ``max_kept``, a host bound: none at or past this column);
+        the queue becomes ``queue`` [B, m] (``queue_valid`` [B, m] 0 on left padding, None where all is real;
+        ``queue_features`` [B, m, F] where the context carries features)."""
+        if kept.shape[1]:
+            self.cache.keep(kept, prefix=prefix, max_kept=max_kept)
+        self.replace_queue(queue, queue_valid, queue_features)
         self.start_step()
 
-    def replace_queue(self, queue: torch.Tensor, valid: torch.Tensor | None, in_place: bool) -> None:
-        """The new queue; ``in_place`` (a step that reads nothing back, and may be replayed) writes it into the
-        queue's own tensors where their shapes allow, so a replayed step reads what the last one wrote."""
-        fits = (self.queue_owned and self.queue.shape == queue.shape and valid is not None
-                and self.queue_valid is not None and self.queue_valid.shape == valid.shape)
-        if in_place and fits:
+    def replace_queue(self, queue: torch.Tensor, valid: torch.Tensor | None,
+                      features: torch.Tensor | None) -> None:
+        """The new queue; with fixed shapes it is written into the queue's own tensors where their shapes allow, so
+        a replayed step reads what the last one wrote."""
+        if self.fixed_shapes and self.fits(queue, valid, features):
             self.queue.copy_(queue)
             self.queue_valid.copy_(valid)
+            if features is not None:
+                self.queue_features.copy_(features)
             return
-        self.queue, self.queue_valid, self.queue_owned = queue, valid, True
+        self.queue, self.queue_valid, self.queue_features, self.queue_owned = queue, valid, features, True
+
+    def fits(self, queue: torch.Tensor, valid: torch.Tensor | None, features: torch.Tensor | None) -> bool:
+        """Whether the new queue can be written into the current one's tensors."""
+        same = self.queue_owned and self.queue.shape == queue.shape and valid is not None \
+            and self.queue_valid is not None and self.queue_valid.shape == valid.shape
+        if features is None or self.queue_features is None:
+            return same and features is None and self.queue_features is None
+        return same and self.queue_features.shape == features.shape
 
     def device_state(self) -> dict[str, torch.Tensor]:
         """The queue and the cache's device state, by name (``specdec.device_loop``; lean caches)."""
         state = {"queue": self.queue, **{f"cache.{name}": t for name, t in self.cache.device_state().items()}}
         if self.queue_valid is not None:
             state["queue_valid"] = self.queue_valid
+        if self.queue_features is not None:
+            state["queue_features"] = self.queue_features
         return state
 
     def adopt_device_state(self, state: dict[str, torch.Tensor]) -> None:
@@ -148,6 +192,8 @@ class CachedContext:
         self.queue = adopted(state["queue"], self.queue)
         if self.queue_valid is not None:
             self.queue_valid = adopted(state["queue_valid"], self.queue_valid)
+        if self.queue_features is not None:
+            self.queue_features = adopted(state["queue_features"], self.queue_features)
         self.queue_owned = True
         self.cache.adopt_device_state({name.removeprefix("cache."): t for name, t in state.items()
                                        if name.startswith("cache.")})
@@ -157,19 +203,4 @@ class CachedContext:
         self.cache.select_rows(index)
         self.queue = self.queue[index]
         self.queue_valid = None if self.queue_valid is None else self.queue_valid[index]
-
-    def keep_prefix(self, num_kept: torch.Tensor, max_kept: int, queue: torch.Tensor,
-                    queue_valid: torch.Tensor | None) -> None:
-        """End the step of a context re-encoded from text (``specdec.cross_tokenizer``): each row keeps the first
-        ``num_kept`` [B] real tokens it fed this step (its queued ones, which end the queue after its left
-        padding, then its nodes, all real in a row that keeps any), and the queue becomes ``queue`` [B, m]
-        (``queue_valid`` [B, m] 0 on left padding, None where all is real) in place of what was queued.
-        ``max_kept`` (host): no row keeps a fed column at or past it."""
-        fed = self.queue_fed + self.fed_nodes
-        if fed:
-            first_real = (self.queue_fed - self.queue_count).unsqueeze(1)  # [B, 1] after the queue's left padding
-            columns = torch.arange(fed, device=num_kept.device)  # [R]
-            kept = (columns >= first_real) & (columns < first_real + num_kept.unsqueeze(1))  # [B, R]
-            self.cache.keep(kept, prefix=True, max_kept=max_kept)
-        self.replace_queue(queue, queue_valid, in_place=False)
-        self.start_step()
+        self.queue_features = None if self.queue_features is None else self.queue_features[index]

@@ -188,7 +188,6 @@ class CrossTokenizerDrafter(ModelDrafter):
         self.rows = TextRows(target_ids, [span.end for span in spans], [self.started(row, i) for i, row in
                              enumerate(draft_ids)], [0] * batch_size, [True] * batch_size)
         self.live = None
-        self.proposed = input_ids[:, :0]
         self.num_forwards = 0
         self.prefill(input_ids.device)
         self.end_step(input_ids.device)
@@ -255,14 +254,14 @@ class CrossTokenizerDrafter(ModelDrafter):
         its EOS, or ``max_rounds`` ran); the first k of each row's target tokens, padded."""
         live = [i for i, on in enumerate(self.rows.live) if on]
         tokens, peaks = [], []  # [B] each per drafted token
-        logits = self.feed()[:, -1]  # [B, V_draft]
+        logits = self.feed().logits[:, -1]  # [B, V_draft]
         size = self.round_size(k, ratio)
         for round_index in range(self.max_rounds):
             if round_index:
-                logits = self.feed(tokens[-1].unsqueeze(1))[:, -1]
+                logits = self.feed(tokens[-1].unsqueeze(1)).logits[:, -1]
             for i in range(size):
                 if i:
-                    logits = self.feed(tokens[-1].unsqueeze(1))[:, -1]
+                    logits = self.feed(tokens[-1].unsqueeze(1)).logits[:, -1]
                 token, peak = greedy_choice(logits)  # [B], [B]
                 tokens.append(token)
                 peaks.append(peak)
@@ -297,7 +296,7 @@ class CrossTokenizerDrafter(ModelDrafter):
         """Temperature > 0: k target tokens, each drawn from the draft's distribution restricted to the shared
         tokens (TLI), fed to the draft as the draft token of the same text."""
         tokens, drafted, probs, peaks = [], [], [], []  # [B], [B], [B, V_target], [B] per drafted token
-        logits = self.feed()[:, -1]  # [B, V_draft]
+        logits = self.feed().logits[:, -1]  # [B, V_draft]
         for i in range(k):
             q = self.shared_probs(logits, sampling)  # [B, V_target]
             token = sample(q, generator)  # [B] target ids, all shared
@@ -307,7 +306,7 @@ class CrossTokenizerDrafter(ModelDrafter):
             peaks.append(logits.amax(-1))
             if i == k - 1 or (stop is not None and stop(token, logits)):
                 break
-            logits = self.feed(drafted[-1].unsqueeze(1))[:, -1]
+            logits = self.feed(drafted[-1].unsqueeze(1)).logits[:, -1]
         self.drafted, self.num_fed = torch.stack(drafted, 1), len(drafted) - 1
         generating = sum(self.rows.live)
         self.stats.draft_tokens += len(drafted) * generating
@@ -351,8 +350,7 @@ class CrossTokenizerDrafter(ModelDrafter):
                 rows.live[i], rows.cached[i] = False, len(rows.draft_ids[i])  # frozen, nothing queued
         if not self.needs_prefill:
             self.keep_and_queue(num_kept, queued_before)
-        all_live = outcome.host is not None and outcome.host.num_active == batch
-        self.live = None if all_live else outcome.active_after
+        self.live = None if outcome.all_active_after else outcome.active_after
         self.end_step(outcome.num_new.device)
 
     def resync(self, live: list[int], drafted: list[list[int]]) -> list[int]:
@@ -384,7 +382,8 @@ class CrossTokenizerDrafter(ModelDrafter):
         fed_width = self.context.queue_fed  # the queue's columns, if fed this step (then its rows' real tokens end it)
         max_kept = max(max(fed_width - queued + kept for queued, kept in zip(queued_before, num_kept)), 0)
         queue, valid = left_padded([ids[n:] for ids, n in zip(rows.draft_ids, rows.cached)], device)
-        self.context.keep_prefix(torch.tensor(num_kept, device=device), max_kept, queue, valid)
+        kept = self.context.kept_prefix(torch.tensor(num_kept, device=device))  # [B, R]
+        self.context.keep(kept, True, max_kept, queue, valid)
 
     def select_rows(self, index: torch.Tensor) -> None:
         super().select_rows(index)

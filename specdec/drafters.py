@@ -23,7 +23,7 @@ from specdec.interfaces import Drafter, StopHook
 from specdec.layout import Proposal, tree_layout
 from specdec.sampling import SamplingConfig, finite_peaks, greedy_choice, logits_to_probs, sample, usable
 from specdec.tree import tree_shape
-from specdec.types import StepOutcome
+from specdec.types import ModelOutput, StepOutcome
 
 DRAFT_ROOM_GUESS = 128  # new tokens a draft cache first makes room for; it grows if a call needs more
 
@@ -70,44 +70,38 @@ class CachedDrafter(Drafter):
         padded = batch_size > 1 or not bool(attention_mask.all())  # one host read per call
         self.context = CachedContext(cache, input_ids, attention_mask if padded else None)
         self.live: torch.Tensor | None = None  # [B] bool rows still generating; None: all of them
-        self.proposed = input_ids[:, :0]  # [B, N] the last proposal's tokens
         self.num_forwards = 0
 
     def propose(self, k: int, sampling: SamplingConfig, generator: torch.Generator,
                 stop: StopHook | None = None) -> Proposal:
         if k == 0:
-            self.proposed = self.proposed[:, :0]
-            return Proposal(self.proposed, None)
-        proposal = self.draft(k, sampling, generator, stop)
-        self.proposed = proposal.tokens
-        return proposal
+            return Proposal(self.context.queue[:, :0], None)
+        return self.draft(k, sampling, generator, stop)
 
     def draft(self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None) -> Proposal:
         """Up to k draft positions (k >= 1), fed through ``self.context``; what a cached drafter writes."""
         raise NotImplementedError
 
-    def feed(self, nodes=None, layout=None, num_logits: int = 1) -> torch.Tensor:
+    def feed(self, nodes=None, layout=None, num_logits: int = 1, features: torch.Tensor | None = None,
+             hidden_layers: tuple[int, ...] = ()) -> ModelOutput:
         """One draft forward through the context (rows that stopped generating feed holes)."""
         self.num_forwards += 1
-        return self.context.feed(nodes, layout, self.live, num_logits)
+        return self.context.feed(nodes, layout, self.live, num_logits, features, hidden_layers)
 
     def commit(self, outcome: StepOutcome) -> None:
         """Keep the fed drafts on the accepted path that were emitted; queue the rest (see ``CachedContext``)."""
-        self.context.commit(outcome.layout, outcome.path, outcome.num_new, outcome.next_token, self.proposed,
-                            outcome.active_after, outcome.host)
-        all_live = outcome.host is not None and outcome.host.num_active == outcome.active_after.shape[0]
-        self.live = None if all_live else outcome.active_after
+        self.context.commit(outcome)
+        self.live = None if outcome.all_active_after else outcome.active_after
 
     def select_rows(self, index: torch.Tensor) -> None:
         self.context.select_rows(index)
-        self.proposed = self.proposed[index]
         self.live = None if self.live is None else self.live[index]
 
     def release(self) -> None:
         self.runner.release()
 
     def fix_shapes(self, slots: int) -> None:
-        self.context.cache.fix_shapes(slots)
+        self.context.fix_shapes(slots)
 
     def device_state(self) -> dict[str, torch.Tensor]:
         state = {f"context.{name}": tensor for name, tensor in self.context.device_state().items()}
@@ -126,6 +120,7 @@ class ModelDrafter(CachedDrafter):
     """Drafts a chain autoregressively with a small causal LM that shares the target's vocabulary."""
 
     name = "model"
+    trusted_proposals = True
 
     @classmethod
     def from_pair(cls, pair, compile: bool = False, forward: str = "auto", **options) -> ModelDrafter:
@@ -141,7 +136,7 @@ class ModelDrafter(CachedDrafter):
 
     def draft(self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None) -> Proposal:
         """k forwards: the queue, then each draft but the last (the cache never sees the last draft)."""
-        logits = self.feed()[:, -1]  # [B, V]
+        logits = self.feed().logits[:, -1]  # [B, V]
         tokens, peaks, probs = [], [], []  # [B] each per drafted token; peaks are checked once, after the loop
         for i in range(k):
             if sampling.is_greedy:  # q is a point mass at the argmax: the token says it all
@@ -155,7 +150,7 @@ class ModelDrafter(CachedDrafter):
             peaks.append(peak)
             if i == k - 1 or (stop is not None and stop(token, logits)):
                 break
-            logits = self.feed(token.unsqueeze(1))[:, -1]  # [B, V]
+            logits = self.feed(token.unsqueeze(1)).logits[:, -1]  # [B, V]
         finite = finite_peaks(torch.stack(peaks, 1))  # [] no NaN/inf in any draft step's logits
         return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None, finite)
 
@@ -166,6 +161,7 @@ class NoDrafter(Drafter):
     name = "none"
     proposes_nothing = True
     selects_rows = True
+    trusted_proposals = True
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
         self.nothing = input_ids[:, :0]  # [B, 0]
@@ -191,6 +187,7 @@ class TreeDrafter(CachedDrafter):
 
     name = "tree"
     drafts_trees = True
+    trusted_proposals = True
 
     @classmethod
     def from_pair(cls, pair, compile: bool = False, forward: str = "auto", **options) -> TreeDrafter:
@@ -213,7 +210,7 @@ class TreeDrafter(CachedDrafter):
 
     def draft(self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None) -> Proposal:
         layout = tree_layout(self.branching, self.context.queue.device).truncated(k)
-        logits = self.feed()  # [B, 1, V] at the root
+        logits = self.feed().logits  # [B, 1, V] at the root
         levels, probs, finite = [], [], usable(logits)
         for depth, b in enumerate(layout.shape.branching, start=1):
             children, level_probs = choose_children(logits, b, sampling, generator)  # [B, n*b], [B, n, V]
@@ -222,7 +219,7 @@ class TreeDrafter(CachedDrafter):
                 probs.append(level_probs)
             if depth == layout.depth:
                 break
-            logits = self.feed(children, layout, num_logits=children.shape[1])  # [B, n*b, V]
+            logits = self.feed(children, layout, num_logits=children.shape[1]).logits  # [B, n*b, V]
             finite &= usable(logits)
         return Proposal(torch.cat(levels, 1), torch.cat(probs, 1) if probs else None, finite, layout)
 

@@ -174,6 +174,7 @@ class DynamicTreeDrafter(CachedDrafter):
 
     name = "dynamic_tree"
     drafts_trees = True
+    trusted_proposals = True
 
     @classmethod
     def from_pair(cls, pair, compile: bool = False, forward: str = "auto", **options) -> DynamicTreeDrafter:
@@ -210,14 +211,14 @@ class DynamicTreeDrafter(CachedDrafter):
         depth, greedy, rerank = min(k, self.depth), sampling.is_greedy, self.reranks(sampling)
         plan = level_plan(self.node_budget, depth, self.top_k, rerank)
         candidates = CandidateTree(self.context.queue.shape[0], self.top_k, self.context.queue.device)
-        logits = self.feed()  # [B, 1, V] at the root
+        logits = self.feed().logits  # [B, 1, V] at the root
         finite = usable(logits)
         parents = torch.zeros_like(candidates.tokens)  # [B, 1] the root's slot
         q_at = [(parents, candidates.add_children(parents, logits, sampling, generator))]
         for level, (count, frontier) in enumerate(zip(plan.fed, plan.frontier), start=1):
             fed = candidates.feed_slots(level, count, rerank)  # [B, m], the frontier last
             layout = candidates.fed_layout(level, not greedy)
-            logits = self.feed(candidates.tokens.gather(1, fed), layout, num_logits=frontier)  # [B, f, V]
+            logits = self.feed(candidates.tokens.gather(1, fed), layout, num_logits=frontier).logits  # [B, f, V]
             finite &= usable(logits)
             parents = fed[:, -frontier:].flip(1)  # [B, f] the frontier, best first
             q_at.append((parents, candidates.add_children(parents, logits.flip(1), sampling, generator)))
@@ -267,7 +268,6 @@ class DynamicTreeDrafter(CachedDrafter):
         position = candidates.position_of(in_draft)  # [B, C+1]
         root = torch.zeros_like(self.kept_slots[:, :1])  # [B, 1]
         proposal_to_draft = torch.cat([root, position.gather(1, self.kept_slots)], 1)  # [B, N+1]
-        self.proposed = candidates.tokens.gather(1, in_draft)  # [B, F + c_d]
         layout = RowTreeLayout(candidates.tree_of(in_draft, depth, distinct_siblings=False))  # read for its path only
         super().commit(replace(outcome, layout=layout, path=proposal_to_draft.gather(1, outcome.path)))
 

@@ -6,7 +6,8 @@
 
 A part subclasses its interface and overrides what it does; the loop reads the declared capabilities
 (``greedy_at_point_masses``, ``judges_ids``, ``requires_greedy``, ``proposes_nothing``, ``selects_rows``,
-``drafts_trees``, ``stops_drafts``, ``adapts``, ``models``) and never probes. Shapes and notation are those of
+``drafts_trees``, ``drafts_on_device``, ``trusted_proposals``, ``target_states``, ``stops_drafts``, ``adapts``,
+``models``) and never probes. Shapes and notation are those of
 ``specdec.types``; the words the code coins are in docs/glossary.md.
 
 Where to add a part: a strategy subclasses ``AcceptanceStrategy`` (``__call__`` on a chain; ``judge_tree`` for
@@ -22,7 +23,7 @@ import torch
 
 from specdec.layout import Proposal
 from specdec.sampling import SamplingConfig
-from specdec.types import StepOutcome, TreeShape, Verdict
+from specdec.types import StateRequest, StepOutcome, TreeShape, Verdict
 
 StopHook = Callable[[torch.Tensor, torch.Tensor], bool]  # the token just drafted [B], its draft logits [B, V] -> stop now?
 
@@ -122,7 +123,11 @@ class Drafter:
     Capabilities: ``proposes_nothing`` (the baseline: the loop never drafts, k is always 0); ``selects_rows`` (can
     keep only some batch rows, ``select_rows``: the loop then drops rows that finished; otherwise they stay and
     feed holes); ``drafts_trees`` (proposes token trees, which need a strategy with a tree rule and an eager loop);
-    ``needs_pair`` (built from a loaded model pair by ``from_pair``).
+    ``drafts_on_device`` (proposes and commits without host reads, its state updated in place: it can run in the
+    device step); ``trusted_proposals`` (specdec's own drafters: their proposals are not checked each step);
+    ``needs_pair`` (built from a loaded model pair by ``from_pair``); ``target_states`` (the target's hidden states
+    it reads, a ``StateRequest``: the verification returns them and ``commit`` receives them in
+    ``outcome.target_states``; None, the default, costs nothing).
     """
 
     name: str = "custom"
@@ -130,8 +135,10 @@ class Drafter:
     proposes_nothing: bool = False
     selects_rows: bool = False
     drafts_trees: bool = False
-    drafts_on_device: bool = False  # proposes and commits without host reads, state updated in place
-    needs_pair: bool = False  # built from a loaded model pair (``from_pair``), not from its options alone
+    drafts_on_device: bool = False
+    trusted_proposals: bool = False
+    needs_pair: bool = False
+    target_states: StateRequest | None = None
 
     @classmethod
     def from_pair(cls, pair, compile: bool = False, forward: str = "auto", **options) -> "Drafter":

@@ -34,6 +34,7 @@ class NGramDrafter(Drafter):
 
     name = "ngram"
     selects_rows = True
+    trusted_proposals = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram = check_draft_length("max_ngram", max_ngram)

@@ -13,8 +13,11 @@ region, ...) are defined in docs/glossary.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+
+POSITIONS = ("emitted", "last")
 
 
 @dataclass(frozen=True)
@@ -30,9 +33,59 @@ class Verdict:
     # num_accepted mean nothing (a chain's path is 1..k)
 
 
+class ModelOutput(NamedTuple):
+    """What a forward through a cache returns (``KVCache.feed``)."""
+
+    logits: torch.Tensor  # [B, m, V] at the logit columns asked for
+    hidden: torch.Tensor | None = None  # [B, n, H, D] the hidden states asked for at every fed column; None: none
+
+
+@dataclass(frozen=True)
+class StateRequest:
+    """Which of the target's hidden states a drafter reads (``Drafter.target_states``); the step hands them to its
+    ``commit`` as ``StepOutcome.target_states``.
+
+    ``layers``: indices into the target's hidden states as transformers' ``output_hidden_states`` numbers them
+    (0 the embeddings' output, i the output of block i, L the final norm's output: the LM head's input), negative
+    ones counting from L + 1 (-1 is L). ``positions``: "emitted" gives every position the step fed whose token and
+    next token were both emitted (with the prefill's step, the prompt's): EAGLE's inputs; "last" only the position
+    whose distribution gave the step's next token: Medusa's."""
+
+    layers: tuple[int, ...] = (-1,)
+    positions: str = "emitted"
+
+    def __post_init__(self) -> None:
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}")
+        layers = self.layers
+        if (not isinstance(layers, tuple) or not layers
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)):
+            raise ValueError(f"layers must be a non-empty tuple of integers (hidden-state indices), got {layers!r}")
+
+    def resolved(self, num_layers: int) -> tuple[int, ...]:
+        """The layers as indices in [0, num_layers], in the order asked, for a target of ``num_layers`` blocks."""
+        resolved = tuple(i + num_layers + 1 if i < 0 else i for i in self.layers)
+        if not all(0 <= i <= num_layers for i in resolved) or len(set(resolved)) != len(resolved):
+            raise ValueError(f"layers {list(self.layers)} must be distinct hidden-state indices in "
+                             f"[-{num_layers + 1}, {num_layers}] for a target of {num_layers} blocks")
+        return resolved
+
+
+@dataclass(frozen=True)
+class TargetStates:
+    """The target's hidden states a drafter asked for (``StateRequest``), at the positions of one step, each with the
+    token that follows it. Valid entries end each row, as a queue's do (left padding)."""
+
+    hidden: torch.Tensor  # [B, W, H, D] the layers asked for, in their order (W = 1 for positions="last")
+    next_tokens: torch.Tensor  # [B, W] the token that follows each position
+    valid: torch.Tensor  # [B, W] bool
+
+
 @dataclass(frozen=True)
 class StepOutcome:
-    """What one step decided, for drafters and policies to learn from (``Drafter.commit``, ``observe``)."""
+    """What one step decided, for drafters and policies to learn from (``Drafter.commit``, ``observe``), and for
+    each context to roll back to (``CachedContext.commit``). Where the host read the step (``host``), the bounds
+    below are exact; where it read nothing (the device step), they are the widest the step allows."""
 
     k: int  # draft positions proposed this step (a tree's levels)
     layout: VerifyLayout  # how the proposal was laid out (``specdec.layout``)
@@ -46,6 +99,22 @@ class StepOutcome:
     host: HostSync | None  # the step's host copies; None where the step runs on the device and reads none
     draft_seconds: float
     target_seconds: float
+    target_states: TargetStates | None = None  # the target's hidden states the drafter asked for; None: none asked
+
+    @property
+    def all_active_after(self) -> bool:
+        """Every batch row still generates after the step, as the host read (False where it read nothing)."""
+        return self.host is not None and self.host.num_active == self.num_new.shape[0]
+
+    @property
+    def most_drafts_emitted(self) -> int:
+        """No row emitted more of its drafts than this."""
+        return self.k if self.host is None else max(self.host.max_new - 1, 0)
+
+    @property
+    def fewest_drafts_emitted(self) -> int:
+        """Every row emitted at least this many of its drafts (rows that finished before the step count 0)."""
+        return 0 if self.host is None else max(self.host.min_new - 1, 0)
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ def test_compaction_gathers_committed_slots_and_keeps_logits_exact(target):
     assert cache.mask.sum(-1).tolist() == committed_before
     assert cache.num_slots == max(committed_before)
     nxt = torch.tensor([[5], [6]])
-    logits = cache.feed(nxt)[:, -1]
+    logits = cache.feed(nxt).logits[:, -1]
     expected = [target(torch.tensor([p + row + n])).logits[0, -1]
                 for p, row, n in zip(prompts, ([7], [10, 11, 12]), ([5], [6]))]
     assert torch.allclose(logits, torch.stack(expected), atol=1e-10)
@@ -108,7 +108,7 @@ def test_a_feed_without_logits_fills_the_cache_as_a_full_forward_does(target, wr
     full.feed(ids, mask)
     body_only.feed(ids, mask, logit_columns=torch.arange(0))
     nxt = torch.tensor([[5], [6]])
-    torch.testing.assert_close(body_only.feed(nxt), full.feed(nxt), rtol=0, atol=1e-12)
+    torch.testing.assert_close(body_only.feed(nxt).logits, full.feed(nxt).logits, rtol=0, atol=1e-12)
 
 
 DRAFTERS = {
@@ -197,10 +197,10 @@ def test_a_dense_cache_passes_no_mask_and_its_logits_equal_the_masked_path(targe
     logits = []
     for cache in (dense, masked):
         drafts = torch.tensor([[5, 6, 7]])
-        verify = cache.feed(torch.cat([prompt, drafts], 1), logit_columns=torch.arange(5, 9))  # [1, 4, V]
+        verify = cache.feed(torch.cat([prompt, drafts], 1), logit_columns=torch.arange(5, 9)).logits  # [1, 4, V]
         kept = torch.arange(9) < 7  # the prompt and one draft: the region's first seven slots
         cache.keep(kept.unsqueeze(0), prefix=True, max_kept=7)
-        after = cache.feed(drafts[:, :1])
+        after = cache.feed(drafts[:, :1]).logits
         logits.append(torch.cat([verify, after], 1))
     assert all(mask is None for mask in masks[:2]) and all(mask is not None for mask in masks[2:])
     assert dense.dense and dense.num_slots == masked.num_slots == 8
@@ -219,7 +219,7 @@ def test_a_lean_cache_grows_past_its_first_capacity_even_with_a_fixed_span():
     first = cache.capacity
     tokens = torch.tensor([random_prompts([first + 40], seed=9)[0]])
     for i in range(tokens.shape[1]):
-        logits = cache.feed(tokens[:, i : i + 1])
+        logits = cache.feed(tokens[:, i : i + 1]).logits
         cache.keep(torch.ones(1, 1, dtype=torch.bool), prefix=True, max_kept=1)
     assert cache.capacity > first and int(cache.length) == tokens.shape[1]
     torch.testing.assert_close(logits[0, -1], target(tokens).logits[0, -1], rtol=0, atol=1e-10)

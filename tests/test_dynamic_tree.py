@@ -146,7 +146,7 @@ def test_every_node_of_every_row_sees_exactly_its_own_path(target, forward):
     nodes = torch.tensor([[20, 21, 22, 23, 24], [30, 31, 32, 33, 34]])
     ids = torch.cat([prompt[:, -1:], nodes], 1)  # the root (pending token), then the nodes
     offsets = torch.cat([torch.zeros(2, 1, dtype=torch.long), tree.depth], 1)  # [B, N+1]
-    logits = cache.feed(ids, tree=TreeFeed(offsets, tree.ancestors))  # [2, 6, V]
+    logits = cache.feed(ids, tree=TreeFeed(offsets, tree.ancestors)).logits  # [2, 6, V]
     for row in range(2):
         for position in range(parent.shape[1] + 1):
             path = tree.ancestors[row, position].nonzero().flatten().tolist()[1:]

@@ -276,7 +276,7 @@ def emulated_capture(self):
     recorder = GraphRecorder()
     random_state = self.generator.get_state()  # a capture draws no random number: its replays do
     with recorder:
-        flags = self.step()
+        flags = self.device_step()
     recorder.undo()
     self.generator.set_state(random_state)
     self.recorders.append(recorder)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import specdec
-from specdec.decode import Rows
+from specdec.step import Rows
 from specdec.early_exit import EarlyExitDrafter
 from specdec.interfaces import AcceptanceStrategy, Drafter, DraftLengthPolicy, as_strategy
 from specdec.layout import Proposal

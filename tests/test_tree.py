@@ -54,7 +54,7 @@ def test_every_node_sees_exactly_its_path(target):
     cache.keep(torch.ones_like(body, dtype=torch.bool), prefix=True, max_kept=body.shape[1])
     nodes = torch.tensor([[10, 11, 12, 13, 14, 15]])
     ids = torch.cat([prompt[:, -1:], nodes], 1)  # the root (pending token), then the nodes
-    logits = cache.feed(ids, tree=TreeFeed(shape.depth_offsets, shape.ancestors))  # [1, 7, V]
+    logits = cache.feed(ids, tree=TreeFeed(shape.depth_offsets, shape.ancestors)).logits  # [1, 7, V]
     for position in range(shape.num_nodes + 1):
         path = shape.ancestors[position].nonzero().flatten().tolist()[1:]  # positions below the root
         alone = torch.cat([prompt, nodes[:, [p - 1 for p in path]]], 1)

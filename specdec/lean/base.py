@@ -19,7 +19,11 @@ import torch.nn.functional as F
 
 
 class LeanForward:
-    """``logits = forward(input_ids, positions, write_slots, attend, keys, values, logit_columns=None)``.
+    """``logits = forward(input_ids, positions, write_slots, attend, keys, values, logit_columns=None)``;
+    ``logits, hidden = forward(..., hidden_layers=(L,))`` also returns hidden states (``__call__``).
+
+    Hidden states are numbered as transformers' ``output_hidden_states`` numbers them: 0 is the embeddings' output,
+    i (1 <= i < L) the output of block i, and L the final norm's output, the LM head's input.
 
     Set by subclasses: ``num_layers``, ``num_heads``, ``num_kv_heads``, ``head_dim``, ``vocab_size``,
     ``context_limit`` (int, or None when the model has no hard limit) and ``embedding`` (a Parameter that tells the
@@ -65,8 +69,13 @@ class LeanForward:
         keys: list[torch.Tensor],
         values: list[torch.Tensor],
         logit_columns: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """[B, m, V] logits of the ``logit_columns`` [m] of the [B, n] ``input_ids`` (all n when None).
+        hidden_layers: tuple[int, ...] = (),
+        features: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """[B, m, V] logits of the ``logit_columns`` [m] of the [B, n] ``input_ids`` (all n when None); with
+        ``hidden_layers`` (indices in [0, L], see the class docstring) also the [B, n, H, D] hidden states of those
+        layers at every column. ``features`` [B, n, F]: what a family that takes more than tokens reads beside them
+        (``embed``; an EAGLE head's target features).
 
         Token j of row b sits at ``positions[b, j]``, writes its key and value to slot ``write_slots[b, j]`` of
         every layer's buffers (in place) and attends the slots s < S where ``attend[b, j, s]`` [B, n, S] holds, its
@@ -77,13 +86,22 @@ class LeanForward:
         rows = torch.arange(input_ids.shape[0], device=input_ids.device).unsqueeze(1)  # [B, 1]
         # buffer[write_index] is the [B, n, Hkv, hd] block of the new tokens; junk rows stay inside the buffers
         write_index = (rows, slice(None), write_slots.clamp(0, capacity - 1))
-        hidden, rotary = self.embed(input_ids, positions)  # [B, n, D]; the family's position tensors or None
+        hidden, rotary = self.embed(input_ids, positions, features)  # [B, n, D]; the family's position tensors or None
         mask = attend.unsqueeze(1)  # [B, 1, n, S] broadcast over heads
+        states = {0: hidden} if 0 in hidden_layers else {}  # only the layers asked for: no memory held otherwise
         for layer in range(self.num_layers):
             hidden = self.block(layer, hidden, rotary, write_index, mask, keys[layer], values[layer])
+            if layer + 1 in hidden_layers:
+                states[layer + 1] = hidden
+        hidden = self.final_norm(hidden)  # [B, n, D]: the LM head's input
+        if self.num_layers in hidden_layers:
+            states[self.num_layers] = hidden
         if logit_columns is not None:
             hidden = hidden.index_select(1, logit_columns)  # [B, m, D]
-        return self.head(hidden)  # [B, m, V]
+        logits = self.lm_head(hidden)  # [B, m, V]
+        if not hidden_layers:
+            return logits
+        return logits, torch.stack([states[layer] for layer in hidden_layers], 2)  # [B, n, H, D]
 
     def check_call(self, input_ids, positions, write_slots, attend, keys, values) -> None:
         """Shapes only (host metadata, no device read): one clear error before any work."""
@@ -98,17 +116,32 @@ class LeanForward:
             raise ValueError(f"attend must be a bool [B={batch}, n={n}, S] mask with S <= the buffers' capacity "
                              f"{keys[0].shape[2]}, got {attend.dtype} {tuple(attend.shape)}")
 
-    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, object]:
-        """[B, n, D] input hidden states, and what the blocks need to place tokens (rotary cos/sin or None)."""
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor,
+              features: torch.Tensor | None = None) -> tuple[torch.Tensor, object]:
+        """[B, n, D] input hidden states, and what the blocks need to place tokens (rotary cos/sin or None):
+        ``place(embed_tokens(input_ids), positions)``. A family that reads ``features`` overrides this."""
+        return self.place(self.embed_tokens(input_ids), positions)
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[B, n] -> [B, n, D] token embeddings."""
+        return F.embedding(input_ids, self.embedding)
+
+    def place(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """Give [B, n, D] inputs their [B, n] positions: the hidden states the blocks take, and what the blocks need
+        to place tokens (rotary cos/sin, or None where positions are added to the inputs)."""
         raise NotImplementedError
 
     def block(self, layer: int, hidden, rotary, write_index, mask, key_buffer, value_buffer) -> torch.Tensor:
         """One transformer block on [B, n, D] hidden states: the next [B, n, D]."""
         raise NotImplementedError
 
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm and LM head: [B, m, D] -> [B, m, V]."""
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The last block's [B, n, D] output -> the LM head's [B, n, D] input."""
         raise NotImplementedError
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[B, m, D] -> [B, m, V] logits."""
+        return F.linear(hidden, self.head_weight)
 
     def attention(
         self,

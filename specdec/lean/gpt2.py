@@ -68,10 +68,9 @@ class GPT2Forward(LeanForward):
         self.activation = activation(config.activation_function)
         self.scale = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
 
-    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def place(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, None]:
         positions = positions.clamp(0, self.context_limit - 1)  # [B, n] junk rows stay inside the table
-        hidden = F.embedding(input_ids, self.embedding) + F.embedding(positions, self.position_embedding)
-        return hidden, None  # [B, n, D]; positions are in the embedding, nothing left for the blocks
+        return hidden + F.embedding(positions, self.position_embedding), None  # positions are in the inputs
 
     def block(self, layer, hidden, rotary, write_index, mask, key_buffer, value_buffer) -> torch.Tensor:
         weights = self.layers[layer]
@@ -87,6 +86,5 @@ class GPT2Forward(LeanForward):
         inner = self.activation(torch.addmm(weights.fc_bias, x.view(batch * n, width), weights.fc_weight))  # [B*n, I]
         return hidden + torch.addmm(weights.mlp_proj_bias, inner, weights.mlp_proj_weight).view(batch, n, width)
 
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        hidden = F.layer_norm(hidden, hidden.shape[-1:], self.final_norm_weight, self.final_norm_bias, self.eps)
-        return F.linear(hidden, self.head_weight)  # [B, m, V]
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(hidden, hidden.shape[-1:], self.final_norm_weight, self.final_norm_bias, self.eps)

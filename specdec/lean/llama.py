@@ -83,15 +83,14 @@ class LlamaForward(LeanForward):
             )
             for layer in body.layers[: self.num_layers]
         ]
-        self.final_norm = body.norm.weight
+        self.final_norm_weight = body.norm.weight
         self.head_weight = model.lm_head.weight  # [V, D], tied or not
         self.eps = config.rms_norm_eps
         self.rotary = body.rotary_emb  # the module itself: its buffers follow model.to(...)
         self.activation = ACT2FN[config.hidden_act]
         self.scale = attention.scaling
 
-    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, tuple]:
-        hidden = F.embedding(input_ids, self.embedding)  # [B, n, D]
+    def place(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, tuple]:
         cos, sin = self.rotary(hidden, positions)  # [B, n, hd] each, attention_scaling applied, in the model dtype
         return hidden, (cos.unsqueeze(1), sin.unsqueeze(1))  # [B, 1, n, hd] broadcast over heads
 
@@ -112,8 +111,8 @@ class LlamaForward(LeanForward):
             x, weights.up_weight, weights.up_bias)  # [B, n, I]
         return hidden + F.linear(gated, weights.down_weight, weights.down_bias)
 
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.rms_norm(hidden, self.final_norm), self.head_weight)  # [B, m, V]
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.rms_norm(hidden, self.final_norm_weight)
 
     def rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """transformers' RMSNorm to the bit: the statistics in float32, the weight applied in the model dtype."""
