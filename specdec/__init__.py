@@ -9,7 +9,7 @@
 from specdec.api import generate
 from specdec.batching import left_pad
 from specdec.cache import FORWARDS
-from specdec.decode import Decoder
+from specdec.api import Decoder
 from specdec.emit import GenerationOutput, NonFiniteLogitsError, StrategyVerdictError
 from specdec.cross_tokenizer import CrossTokenizerDrafter
 from specdec.drafters import ModelDrafter, NoDrafter, TreeDrafter

@@ -126,10 +126,6 @@ class KVCache:
         set of shapes and cannot grow a cache."""
         raise NotImplementedError(f"the {type(self).__name__} cannot run a captured step")
 
-    def device_state(self) -> dict[str, torch.Tensor]:
-        """The tensors a captured step reads from the step before it, by name (``specdec.device_loop``)."""
-        raise NotImplementedError(f"the {type(self).__name__} cannot run a captured step")
-
 
 class MaskedCache(KVCache):
     """transformers' forward over its own cache, one length for every row: a slot one row rejects stays as a hole

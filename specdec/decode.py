@@ -1,13 +1,8 @@
-"""The decoder: one cached decode loop shared by speculative decoding and the autoregressive baseline, and its host
-driver.
+"""The host driver of the one cached decode loop (``HostRun``), shared by speculative decoding and the
+autoregressive baseline.
 
-A ``Decoder`` holds the parts (target, drafter, strategy, draft-length policy, sampling settings) and what is decided
-once from them: the verifier, the target's ``CachedModel``, whether rows retire, the largest k, the hidden states the
-drafter reads, and which driver runs the steps. A drafter that ``proposes_nothing`` makes every step a plain decode
-step, so baseline and speculative runs share every cost but speculation.
-
-Each ``generate`` call is a run of the step written once in ``specdec.step`` (propose, verify, judge, log, emit,
-sync, roll back, notify), driven by one of two drivers:
+Each ``generate`` call of a ``specdec.Decoder`` (``specdec.api``) is a run of the step written once in
+``specdec.step`` (propose, verify, judge, log, emit, sync, roll back, notify), driven by one of two drivers:
 
 - ``HostRun`` (here): reads each step once (``HostSync``: budgets, room, accepted counts, the step's flags), asks the
   policy for the next k, stops a draft early once every row drafted an EOS or the policy says so, and retires rows
@@ -17,177 +12,30 @@ sync, roll back, notify), driven by one of two drivers:
 
 Owners: a run (one ``generate`` call) owns the target's context (its KV cache and queue) and the per-row state; each
 drafter owns its own; the ``Decoder``'s ``CachedModel`` keeps the target's forward and the buffers reused across
-calls, freed by ``Decoder.release``. Words the code coins are in docs/glossary.md.
+calls, freed by ``Decoder.release``. This module and ``specdec.step`` and ``specdec.device_loop`` depend on the
+interfaces only (``tests/test_architecture.py``). Words the code coins are in docs/glossary.md.
 """
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
-from specdec.cache import CachedModel, context_limit, static_capacity
-from specdec.checks import (
-    check_allocation, check_bool, check_device, check_eos_ids, check_eval_mode, check_max_k, check_max_new_tokens,
-    check_model, check_next_k, check_parts, check_prompt, check_seed, check_strategy_object,
-)
-from specdec.drafters import NoDrafter
+from specdec.cache import CachedModel, static_capacity
+from specdec.checks import check_next_k
 from specdec.emit import GenerationOutput, check_flags, unpack
-from specdec.interfaces import AcceptanceStrategy, Drafter, DraftLengthPolicy, StopHook, as_strategy
+from specdec.interfaces import AcceptanceStrategy, Drafter, StopHook
 from specdec.layout import Proposal
-from specdec.policies import FixedLength
 from specdec.sampling import SamplingConfig
 from specdec.step import DecodeRun
-from specdec.strategies import Speculative
 from specdec.types import HostSync
-from specdec.verify import Judgement, choose_verifier
-
-STEPS = ("auto", "host", "device")
-
-
-class Decoder:
-    """Speculative (or, with a drafter that proposes nothing, autoregressive) decoding of a target causal LM.
-
-    Defaults: ``drafter=None`` is the autoregressive baseline (``NoDrafter``), ``strategy=None`` speculative sampling,
-    ``draft_length=None`` ``FixedLength(4)``, ``sampling=None`` greedy. Reuse one across calls: compiled forwards,
-    static caches and captured steps are kept in it (``release``).
-    """
-
-    def __init__(
-        self,
-        target: torch.nn.Module,
-        drafter: Drafter | None = None,
-        strategy: AcceptanceStrategy | None = None,
-        draft_length: DraftLengthPolicy | None = None,
-        sampling: SamplingConfig | None = None,
-        time_phases: bool = True,
-        cache_layout: str = "dynamic",
-        retire_finished_rows: bool = True,
-        compile: bool = False,
-        forward: str = "auto",
-        step: str = "auto",
-    ):
-        """``time_phases=False`` skips the device syncs that split each step's time into draft / target / other
-        (they cost a little on GPU); those timings and the cost ratio are then NaN. ``cache_layout`` is the
-        target's transformers cache's: "dynamic" (grows) or "static" (preallocated, fixed addresses).
-        ``retire_finished_rows``: rows that finish leave the batch, so later forwards skip them (where both the
-        target's cache and the drafter can drop rows). Greedy outputs do not change; sampled ones do, since the
-        random stream follows the batch's shape (each is still exact). ``compile=True`` runs the target's decode
-        and verify forwards compiled (``specdec.cache.CachedModel``); the drafter compiles its own when built with
-        ``compile=True``. ``forward``: "auto" (the lean forward where ``specdec.lean`` supports the model, else
-        transformers'), "lean" or "transformers". ``step``: "host" runs the loop here, reading a few scalars per
-        step; "device" runs each step as one device program (captured as a CUDA graph on CUDA) reading one flag;
-        "auto" takes "device" where ``compile=True`` and the parts allow it (``specdec.device_loop``), else
-        "host". Eager transformers is the reference, with identical greedy tokens on every path."""
-        check_model("target", target)
-        drafter = drafter if drafter is not None else NoDrafter()
-        strategy = strategy if strategy is not None else Speculative()
-        draft_length = draft_length if draft_length is not None else FixedLength()
-        sampling = sampling if sampling is not None else SamplingConfig()
-        check_parts(drafter, draft_length, sampling)
-        check_strategy_object(strategy)
-        drafter.check_target(target)
-        for name, value in (("time_phases", time_phases), ("retire_finished_rows", retire_finished_rows),
-                            ("compile", compile)):
-            check_bool(name, value)
-        if step not in STEPS:
-            raise ValueError(f"step must be one of {', '.join(STEPS)}, got {step!r}")
-        self.target = target
-        self.drafter, self.draft_length, self.sampling = drafter, draft_length, sampling
-        self.strategy = as_strategy(strategy)
-        self.time_phases = time_phases
-        self.compile = compile
-        self.runner = CachedModel(target, "target", forward, cache_layout, compile)
-        self.cache_layout = self.runner.cache_layout
-        self.speculates = not drafter.proposes_nothing
-        self.retires_rows = retire_finished_rows and self.runner.selects_rows and drafter.selects_rows
-        check_tree_support(drafter, self.strategy, sampling, self.runner)
-        if self.speculates and self.strategy.requires_greedy and not sampling.is_greedy:
-            raise ValueError(
-                f"strategy {self.strategy.name!r} decodes the target's argmax and needs temperature 0, got "
-                f"temperature={sampling.temperature}; use 'speculative' (lossless) or 'typical'/'topk' (lossy) to "
-                f"sample"
-            )
-        models = [target, *drafter.models()]
-        for model in models:
-            check_eval_mode(model)
-        limits = [context_limit(model) for model in models]
-        self.context_limit = min((limit for limit in limits if limit is not None), default=None)
-        self.target_context_limit = limits[0]
-        # The most draft positions a step can have: the policy's, bounded by the context (a longer draft could never
-        # be verified), so a huge k sizes nothing.
-        self.policy_max_k = check_max_k(draft_length)
-        self.k_max = 0 if not self.speculates else min(self.policy_max_k, self.context_limit or self.policy_max_k)
-        # The target's hidden states the drafter reads, as indices into its layers: () where it reads none.
-        request = drafter.target_states
-        self.state_layers = () if request is None else request.resolved(self.runner.num_layers)
-        self.verifier = choose_verifier(drafter.proposes_nothing, self.strategy, sampling)
-        self.device_program = self.choose_step(step)
-        self.busy = threading.Lock()
-
-    @property
-    def steps_on_device(self) -> bool:
-        """Whether each step runs as one device program: its phases are not timed apart (their seconds are NaN)."""
-        return self.device_program is not None
-
-    def choose_step(self, step: str):
-        """The device program where the step runs on the device, else None (see ``specdec.device_loop``)."""
-        from specdec.device_loop import DeviceProgram, device_step_blocker
-
-        blocker = device_step_blocker(self)
-        if step == "device" and blocker:
-            raise ValueError(f"step='device' cannot run this decoder: {blocker}")
-        if step == "device" or (step == "auto" and self.compile and blocker is None):
-            return DeviceProgram(self)
-        return None
-
-    def generate(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        max_new_tokens: int = 32,
-        eos_token_id: int | list[int] | None = None,
-        seed: int = 0,
-    ) -> GenerationOutput:
-        if not self.busy.acquire(blocking=False):
-            raise RuntimeError("this Decoder is generating in another thread; its drafter and caches hold one call's "
-                               "state, so use one Decoder per thread")
-        try:
-            with torch.inference_mode():  # no autograd bookkeeping on any forward, whatever the caller's mode
-                return self._generate(input_ids, attention_mask, max_new_tokens, eos_token_id, seed)
-        finally:
-            self.busy.release()
-
-    def _generate(self, input_ids, attention_mask, max_new_tokens, eos_token_id, seed) -> GenerationOutput:
-        vocab_size = self.target.config.vocab_size
-        check_device("input_ids", input_ids, self.target)  # before any read of it: a meta tensor has no values
-        attention_mask = check_prompt(input_ids, attention_mask, self.context_limit, vocab_size)
-        max_new_tokens = check_max_new_tokens(max_new_tokens)
-        seed = check_seed(seed)
-        batch_size = input_ids.shape[0]
-        check_allocation("max_new_tokens", batch_size * (max_new_tokens + self.k_max + 1), torch.long,
-                         input_ids.device)
-        eos_ids = check_eos_ids(eos_token_id, input_ids.device, vocab_size)
-        # Padding is masked, but still goes through the embedding: an id outside the vocabulary there becomes 0.
-        outside = (input_ids < 0) | (input_ids >= vocab_size)  # [B, T], only padding after check_prompt
-        input_ids = input_ids.masked_fill(outside, 0)
-        if self.device_program is not None:
-            return self.device_program.run(input_ids, attention_mask, max_new_tokens, eos_ids, seed)
-        return HostRun(self, input_ids, attention_mask, max_new_tokens, eos_ids, seed).run()
-
-    def release(self) -> None:
-        """Free the buffers and compiled forwards kept between calls, the target's and the drafter's."""
-        self.runner.release()
-        self.drafter.release()
-        if self.device_program is not None:
-            self.device_program.release()
+from specdec.verify import Judgement
 
 
 class HostRun(DecodeRun):
     """The host driver of one ``generate`` call: the step's phases (``specdec.step``) with one host read per step,
     k from the policy, an early stop of drafts, and rows that finished leaving the batch."""
 
-    def __init__(self, decoder: Decoder, input_ids, attention_mask, max_new_tokens: int, eos_ids, seed: int):
+    def __init__(self, decoder, input_ids, attention_mask, max_new_tokens: int, eos_ids, seed: int):
         # Each step emits at least one token to every generating row, the prefill's step included.
         super().__init__(decoder, input_ids, attention_mask, max_new_tokens, eos_ids, seed, decoder.k_max,
                          max_steps=max_new_tokens)

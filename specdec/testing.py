@@ -31,7 +31,7 @@ from specdec.checks import (
     check_allocation, check_draft_length, check_model, check_probability, check_seed, check_strategy_object,
     model_device,
 )
-from specdec.decode import Decoder
+from specdec.api import Decoder
 from specdec.drafters import ModelDrafter
 from specdec.interfaces import AcceptanceStrategy, Drafter
 from specdec.policies import FixedLength
@@ -157,7 +157,7 @@ def check_lossless(
     (acceptance about 0.3) for a wrong rule to show; models of your own must be small-vocabulary causal LMs in
     eval mode (the check enumerates vocab ** length continuations). ``samples`` must reach the test's minimum for
     this target and sampling (``minimum_samples``, about 1000 for the defaults); more gives the test more power.
-    ``step`` is the decode loop checked: "host" or "device" (``specdec.decode.Decoder``).
+    ``step`` is the decode loop checked: "host" or "device" (``specdec.Decoder``).
     """
     check_lossless_arguments(strategy, make_drafter, sampling, k, samples, length, significance, target, draft, seed)
     sampling = sampling if sampling is not None else SamplingConfig(temperature=1.0)

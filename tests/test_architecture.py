@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 PACKAGES = ("specdec", "experiments", "analysis")
@@ -134,14 +135,15 @@ CONCRETE_PARTS = ("specdec.drafters", "specdec.strategies", "specdec.policies", 
                   "specdec.early_exit", "specdec.dynamic_tree", "specdec.cross_tokenizer")
 
 
-def test_the_loop_depends_on_interfaces_only():
-    """decode.py asks no part what it is (no isinstance) and imports no concrete drafter, strategy, policy or tree
-    module: parts come in through the interfaces and declare what they can do."""
-    path = REPO / "specdec" / "decode.py"
+@pytest.mark.parametrize("module", ["step", "decode", "device_loop"])
+def test_the_loop_depends_on_interfaces_only(module):
+    """The step and its two drivers ask no part what it is (no isinstance) and import no concrete drafter, strategy,
+    policy or tree module: parts come in through the interfaces and declare what they can do."""
+    path = REPO / "specdec" / f"{module}.py"
     tree = ast.parse(path.read_text(encoding="utf-8"))
     calls = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     assert "isinstance" not in calls and "type" not in calls
-    imported = imported_names(path, "specdec.decode")
+    imported = imported_names(path, f"specdec.{module}")
     assert not {name for name in imported for part in CONCRETE_PARTS if name == part or name.startswith(part + ".")}
 
 

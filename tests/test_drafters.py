@@ -19,7 +19,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import specdec
-from specdec.decode import Decoder
+from specdec.api import Decoder
 from specdec.drafters import ModelDrafter
 from specdec.early_exit import EarlyExitDrafter, shallow_view
 from specdec.rules import count_leading_true
