@@ -20,7 +20,7 @@ from specdec.cache import CachedModel, adopted, check_runner_options, static_cap
 from specdec.checks import as_integer, model_device
 from specdec.context import CachedContext
 from specdec.interfaces import Drafter, StopHook
-from specdec.layout import Proposal, tree_layout
+from specdec.layout import Proposal, TreeLayout, tree_layout
 from specdec.sampling import SamplingConfig, finite_peaks, greedy_choice, logits_to_probs, sample, usable
 from specdec.tree import tree_shape
 from specdec.types import ModelOutput, StepOutcome
@@ -206,10 +206,22 @@ class TreeDrafter(CachedDrafter):
 
     def __init__(self, model: torch.nn.Module, branching=(2, 2, 1, 1), label: str = "draft", forward: str = "auto"):
         self.branching = tree_shape(as_branching(branching)).branching
+        self.layouts: dict[tuple, TreeLayout] = {}  # (depth, device) -> the tree's first levels there; ``release``
         super().__init__(model, label, forward)
 
+    def layout(self, depth: int, device: torch.device) -> TreeLayout:
+        """The layout of the tree's first ``depth`` levels on ``device``, built once per drafter."""
+        key = (min(depth, len(self.branching)), device)
+        if key not in self.layouts:
+            self.layouts[key] = tree_layout(self.branching[: key[0]], device)
+        return self.layouts[key]
+
+    def release(self) -> None:
+        super().release()
+        self.layouts.clear()
+
     def draft(self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None) -> Proposal:
-        layout = tree_layout(self.branching, self.context.queue.device).truncated(k)
+        layout = self.layout(k, self.context.queue.device)
         logits = self.feed().logits  # [B, 1, V] at the root
         levels, probs, finite = [], [], usable(logits)
         for depth, b in enumerate(layout.shape.branching, start=1):

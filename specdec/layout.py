@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.rules import greedy_tree, greedy_verdict
-from specdec.tree import RowTree, tree_shape_on, truncated
+from specdec.tree import RowTree, tree_shape, truncated
 from specdec.types import TreeShape, Verdict
 
 
@@ -196,7 +196,7 @@ def nodes_on_path(path: torch.Tensor, num_kept: torch.Tensor, num_nodes: int) ->
 
 def tree_layout(branching: tuple[int, ...], device: torch.device) -> TreeLayout:
     """The layout of the static tree ``branching`` with its tensors on ``device``."""
-    return TreeLayout(tree_shape_on(branching, device))
+    return TreeLayout(tree_shape(branching).on(device))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import torch
 
 from specdec.cache import CachedModel, KVCache, TreeFeed, static_capacity
 from specdec.timing import Clock
-from specdec.tree import tree_shape_on
+from specdec.tree import tree_shape
 
 
 def time_forwards(model: torch.nn.Module, prompt: torch.Tensor, widths, repeats: int = 10, warmup: int = 3,
@@ -103,7 +103,7 @@ def time_tree_forwards(model: torch.nn.Module, prompt: torch.Tensor, node_counts
     with torch.no_grad():
         fill(cache, prompt)
         for n in node_counts:
-            shape = tree_shape_on((n,), prompt.device)
+            shape = tree_shape((n,)).on(prompt.device)
             tree = TreeFeed(shape.depth_offsets, shape.ancestors)  # the root, then the nodes
             tokens = prompt[:, : n + 1]  # [B, N+1]
             samples = []

@@ -22,7 +22,6 @@ adaptive policy's) a shallower one, and per-position statistics are per depth. T
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -34,7 +33,8 @@ MAX_TREE_NODES = 1024  # nodes one verification may hold (Sequoia's largest tree
 
 
 def tree_shape(branching: tuple[int, ...]) -> TreeShape:
-    """The static tree where each node at depth i - 1 has ``branching[i - 1]`` children (built once per shape)."""
+    """The static tree where each node at depth i - 1 has ``branching[i - 1]`` children, on CPU (a drafter keeps its
+    device copy: ``TreeDrafter.layout``)."""
     check_branching(branching)
     return build_tree_shape(branching)
 
@@ -52,7 +52,6 @@ def check_branching(branching: object) -> None:
                          f"are verified in one target forward")
 
 
-@functools.lru_cache(maxsize=None)
 def build_tree_shape(branching: tuple[int, ...]) -> TreeShape:
     parent, depth = [], []
     level = [0]  # positions of the previous level; the root is position 0
@@ -73,31 +72,11 @@ def build_tree_shape(branching: tuple[int, ...]) -> TreeShape:
     return TreeShape(tuple(branching), torch.tensor(parent), torch.tensor(depth), children, ancestors)
 
 
-@functools.lru_cache(maxsize=None)
-def tree_shape_on(branching: tuple[int, ...], device: torch.device) -> TreeShape:
-    """``tree_shape(branching)`` with its tensors on ``device`` (built once per device)."""
-    return tree_shape(branching).on(device)
-
-
 def truncated(shape: TreeShape, depth: int) -> TreeShape:
     """The first ``depth`` levels (a prefix of the positions, in breadth-first order), on the shape's device."""
     if depth >= len(shape.branching):
         return shape
-    return tree_shape_on(shape.branching[:depth], shape.parent.device)
-
-
-def path_tokens(tokens: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
-    """[B, N] node tokens, [B, d] path positions -> [B, d] the tokens along the path."""
-    return tokens.gather(1, (path - 1).clamp_min(0))
-
-
-def kept_positions(path: torch.Tensor, num_kept: torch.Tensor, num_positions: int) -> torch.Tensor:
-    """[B, N+1] bool: the root and the path's first ``num_kept - 1`` [B] nodes (a row keeps num_kept positions)."""
-    batch, depth = path.shape
-    on_path = torch.cat([torch.zeros_like(path[:, :1]), path], 1)  # [B, d+1], the root first
-    within = torch.arange(depth + 1, device=path.device) < num_kept.unsqueeze(1)  # [B, d+1]
-    kept = torch.zeros(batch, num_positions, dtype=torch.long, device=path.device)
-    return kept.scatter_add_(1, on_path, within.long()) > 0  # past the end the path reads 0 and adds nothing
+    return tree_shape(shape.branching[:depth]).on(shape.parent.device)
 
 
 @dataclass(frozen=True)

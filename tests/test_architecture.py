@@ -147,6 +147,15 @@ def test_the_loop_depends_on_interfaces_only(module):
     assert not {name for name in imported for part in CONCRETE_PARTS if name == part or name.startswith(part + ".")}
 
 
+def test_no_module_keeps_a_cache_of_its_own():
+    """Tensors kept between calls (static buffers, tree layouts on a device, compiled forwards) hang off an owner
+    whose ``release`` frees them (a CachedModel, a drafter); no module-level memo (functools' caches) holds any."""
+    for path in sorted((REPO / "specdec").rglob("*.py")):
+        decorators = [ast.unparse(decorator) for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                      if isinstance(node, (ast.FunctionDef, ast.ClassDef)) for decorator in node.decorator_list]
+        assert not [name for name in decorators if "cache" in name], path
+
+
 def test_no_module_keeps_a_registry_keyed_by_object_identity():
     """Caches and compiled forwards belong to the CachedModel their Decoder or drafter owns; no module-level
     table keyed by id(...) outlives them."""

@@ -13,7 +13,8 @@ from specdec.sampling import SamplingConfig, sample
 from specdec.strategies import Speculative
 from specdec.testing import chi_square_p_value, check_lossless, continuation_codes, exact_joint
 from specdec.rules import first_accepted_path, greedy_tree, speculative_tree
-from specdec.tree import kept_positions, tree_shape
+from specdec.layout import nodes_on_path
+from specdec.tree import tree_shape
 from specdec.types import Verdict
 from conftest import PROMPT, SMALL_VOCAB, hf_greedy, left_pad, tiny_gpt2
 from test_distribution import SETTINGS
@@ -105,10 +106,10 @@ def test_first_accepted_path_takes_the_first_accepted_child_at_each_depth():
     num_accepted, path, end = first_accepted_path(shape, accepted)
     assert num_accepted.tolist() == [2, 1, 0]
     assert path.tolist() == [[2, 5], [1, 0], [0, 0]] and end.tolist() == [5, 1, 0]
-    assert kept_positions(path, torch.tensor([3, 3, 1]), 7).long().tolist() == [
-        [1, 0, 1, 0, 0, 1, 0], [1, 1, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0]]
-    assert kept_positions(path, torch.tensor([2, 0, 1]), 7)[:2].long().tolist() == [
-        [1, 0, 1, 0, 0, 0, 0], [0] * 7]  # EOS or the budget cut the path; a finished row keeps nothing
+    assert nodes_on_path(path, torch.tensor([2, 2, 0]), 6).long().tolist() == [
+        [0, 1, 0, 0, 1, 0], [1, 0, 0, 0, 0, 0], [0] * 6]
+    assert nodes_on_path(path, torch.tensor([1, 0, 0]), 6)[:2].long().tolist() == [
+        [0, 1, 0, 0, 0, 0], [0] * 6]  # EOS or the budget cut the path; a finished row keeps no node
 
 
 def test_greedy_tree_verdict_on_ids():
