@@ -161,13 +161,16 @@ class CachedContext:
     def replace_queue(self, queue: torch.Tensor, valid: torch.Tensor | None,
                       features: torch.Tensor | None) -> None:
         """The new queue; with fixed shapes it is written into the queue's own tensors where their shapes allow, so
-        a replayed step reads what the last one wrote."""
+        a replayed step reads what the last one wrote (tensors the step made, such as its next token, are never
+        written: a drafter may keep them)."""
         if self.fixed_shapes and self.fits(queue, valid, features):
             self.queue.copy_(queue)
             self.queue_valid.copy_(valid)
             if features is not None:
                 self.queue_features.copy_(features)
             return
+        if self.fixed_shapes:  # later steps write into these: they must be the context's own, not views of the step's
+            queue, valid, features = (None if t is None else t.clone() for t in (queue, valid, features))
         self.queue, self.queue_valid, self.queue_features, self.queue_owned = queue, valid, features, True
 
     def fits(self, queue: torch.Tensor, valid: torch.Tensor | None, features: torch.Tensor | None) -> bool:
