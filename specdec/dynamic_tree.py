@@ -208,25 +208,10 @@ class DynamicTreeDrafter(CachedDrafter):
 
     def draft(self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None) -> Proposal:
         """One draft forward per depth but the last; then the proposal's tree of the kept candidates."""
-        depth, greedy, rerank = min(k, self.depth), sampling.is_greedy, self.reranks(sampling)
-        plan = level_plan(self.node_budget, depth, self.top_k, rerank)
-        candidates = CandidateTree(self.context.queue.shape[0], self.top_k, self.context.queue.device)
-        logits = self.feed().logits  # [B, 1, V] at the root
-        finite = usable(logits)
-        parents = torch.zeros_like(candidates.tokens)  # [B, 1] the root's slot
-        q_at = [(parents, candidates.add_children(parents, logits, sampling, generator))]
-        for level, (count, frontier) in enumerate(zip(plan.fed, plan.frontier), start=1):
-            fed = candidates.feed_slots(level, count, rerank)  # [B, m], the frontier last
-            layout = candidates.fed_layout(level, not greedy)
-            logits = self.feed(candidates.tokens.gather(1, fed), layout, num_logits=frontier).logits  # [B, f, V]
-            finite &= usable(logits)
-            parents = fed[:, -frontier:].flip(1)  # [B, f] the frontier, best first
-            q_at.append((parents, candidates.add_children(parents, logits.flip(1), sampling, generator)))
-        kept = self.kept(candidates, plan, depth, rerank)  # [B, N] slots in the order they were made
-        self.candidates, self.kept_slots = candidates, kept
-        tree = candidates.tree_of(kept, depth, not greedy)
-        probs = None if greedy else self.probs_by_position(candidates, kept, q_at)
-        return Proposal(candidates.tokens.gather(1, kept), probs, finite, RowTreeLayout(tree))
+        proposal, self.candidates, self.kept_slots = grow_tree(
+            self.node_budget, self.top_k, min(k, self.depth), self.reranks(sampling), sampling, generator,
+            self.feed_root, self.feed_level)
+        return proposal
 
     @staticmethod
     def reranks(sampling: SamplingConfig) -> bool:
@@ -234,28 +219,14 @@ class DynamicTreeDrafter(CachedDrafter):
         it is exact (see the module docstring)."""
         return sampling.is_greedy
 
-    def kept(self, candidates: CandidateTree, plan: LevelPlan, depth: int, rerank: bool) -> torch.Tensor:
-        """[B, N] the slots the tree keeps, sorted (so by depth, siblings in draw order). Reranking: the N best of
-        the fed candidates and the last depth's; else the fed ones and the last depth's first ``last_kept``."""
-        last = candidates.level(depth)  # [c_d]
-        if rerank:
-            eligible = torch.cat([candidates.fed, last.expand(candidates.fed.shape[0], -1)], 1)  # [B, F + c_d]
-            kept = candidates.best(eligible, plan.num_nodes)
-        else:
-            kept = torch.cat([candidates.fed, last[: plan.last_kept].expand(candidates.fed.shape[0], -1)], 1)
-        return kept.sort(dim=1).values
+    def feed_root(self) -> torch.Tensor:
+        """The draft's first forward of a step, over its queue: [B, 1, V] logits at the root."""
+        return self.feed().logits
 
-    def probs_by_position(self, candidates: CandidateTree, kept: torch.Tensor, q_at: list) -> torch.Tensor:
-        """[B, N+1, V] q at each position of the proposed tree that has children (zero elsewhere)."""
-        batch, num_nodes = kept.shape
-        position = candidates.position_of(kept)  # [B, C+1]; 0 for the root
-        vocab = q_at[0][1].shape[-1]
-        probs = torch.zeros(batch, num_nodes + 2, vocab, device=kept.device)  # row N+1 takes parents not kept
-        for parents, q in q_at:
-            where = torch.where((position.gather(1, parents) > 0) | (parents == 0), position.gather(1, parents),
-                                num_nodes + 1)  # [B, f]
-            probs.scatter_(1, where.unsqueeze(2).expand(-1, -1, vocab), q)
-        return probs[:, : num_nodes + 1]
+    def feed_level(self, candidates: CandidateTree, fed: torch.Tensor, layout: RowTreeLayout,
+                   frontier: int) -> torch.Tensor:
+        """Feed the candidates ``fed`` [B, m] (slots, under ``layout``): [B, frontier, V] logits at the last ones."""
+        return self.feed(candidates.tokens.gather(1, fed), layout, num_logits=frontier).logits
 
     def commit(self, outcome: StepOutcome) -> None:
         """The draft's cache saw the candidate tree, not the proposal: keep the accepted path in it."""
@@ -270,6 +241,55 @@ class DynamicTreeDrafter(CachedDrafter):
         proposal_to_draft = torch.cat([root, position.gather(1, self.kept_slots)], 1)  # [B, N+1]
         layout = RowTreeLayout(candidates.tree_of(in_draft, depth, distinct_siblings=False))  # read for its path only
         super().commit(replace(outcome, layout=layout, path=proposal_to_draft.gather(1, outcome.path)))
+
+
+def kept_slots(candidates: CandidateTree, plan: LevelPlan, depth: int, rerank: bool) -> torch.Tensor:
+    """[B, N] the slots the tree keeps, sorted (so by depth, siblings in draw order). Reranking: the N best of
+    the fed candidates and the last depth's; else the fed ones and the last depth's first ``last_kept``."""
+    last = candidates.level(depth)  # [c_d]
+    if rerank:
+        eligible = torch.cat([candidates.fed, last.expand(candidates.fed.shape[0], -1)], 1)  # [B, F + c_d]
+        kept = candidates.best(eligible, plan.num_nodes)
+    else:
+        kept = torch.cat([candidates.fed, last[: plan.last_kept].expand(candidates.fed.shape[0], -1)], 1)
+    return kept.sort(dim=1).values
+
+def probs_by_position(candidates: CandidateTree, kept: torch.Tensor, q_at: list) -> torch.Tensor:
+    """[B, N+1, V] q at each position of the proposed tree that has children (zero elsewhere)."""
+    batch, num_nodes = kept.shape
+    position = candidates.position_of(kept)  # [B, C+1]; 0 for the root
+    vocab = q_at[0][1].shape[-1]
+    probs = torch.zeros(batch, num_nodes + 2, vocab, device=kept.device)  # row N+1 takes parents not kept
+    for parents, q in q_at:
+        where = torch.where((position.gather(1, parents) > 0) | (parents == 0), position.gather(1, parents),
+                            num_nodes + 1)  # [B, f]
+        probs.scatter_(1, where.unsqueeze(2).expand(-1, -1, vocab), q)
+    return probs[:, : num_nodes + 1]
+
+
+def grow_tree(node_budget: int, top_k: int, depth: int, rerank: bool, sampling: SamplingConfig,
+              generator: torch.Generator, feed_root, feed_level) -> tuple[Proposal, CandidateTree, torch.Tensor]:
+    """Grow one step's trees (see the module docstring) of ``node_budget`` nodes over ``depth`` levels with
+    ``top_k`` children per expanded node, kept by score where ``rerank``, running the draft through ``feed_root()`` ([B, 1, V] logits at the root)
+    and ``feed_level(candidates, fed, layout, frontier)`` ([B, frontier, V] at the last of the fed slots). Returns
+    the proposal, the candidates made and the [B, N] slots the proposal holds."""
+    greedy = sampling.is_greedy
+    plan = level_plan(node_budget, depth, top_k, rerank)
+    logits = feed_root()  # [B, 1, V] at the root
+    candidates = CandidateTree(logits.shape[0], top_k, logits.device)
+    finite = usable(logits)
+    parents = torch.zeros_like(candidates.tokens)  # [B, 1] the root's slot
+    q_at = [(parents, candidates.add_children(parents, logits, sampling, generator))]
+    for level, (count, frontier) in enumerate(zip(plan.fed, plan.frontier), start=1):
+        fed = candidates.feed_slots(level, count, rerank)  # [B, m], the frontier last
+        logits = feed_level(candidates, fed, candidates.fed_layout(level, not greedy), frontier)  # [B, f, V]
+        finite &= usable(logits)
+        parents = fed[:, -frontier:].flip(1)  # [B, f] the frontier, best first
+        q_at.append((parents, candidates.add_children(parents, logits.flip(1), sampling, generator)))
+    kept = kept_slots(candidates, plan, depth, rerank)  # [B, N] slots in the order they were made
+    tree = candidates.tree_of(kept, depth, not greedy)
+    probs = None if greedy else probs_by_position(candidates, kept, q_at)
+    return Proposal(candidates.tokens.gather(1, kept), probs, finite, RowTreeLayout(tree)), candidates, kept
 
 
 def check_tree_size(node_budget: object, depth: object, top_k: object) -> None:
