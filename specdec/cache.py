@@ -495,10 +495,14 @@ class CachedModel:
     """
 
     def __init__(self, model: torch.nn.Module, label: str, forward: str = "auto", cache_layout: str = "dynamic",
-                 compile: bool = False):
+                 compile: bool = False, lean: LeanForward | None = None):
+        """``lean``: the lean forward to run, where the model is not a causal LM ``specdec.lean`` knows (a draft
+        head's, ``specdec.heads.EagleForward``)."""
         check_runner_options(cache_layout, forward, compile)
         self.model, self.label, self.compile = model, label, compile
-        self.lean: LeanForward | None = lean_forward(model) if forward != "transformers" else None
+        if lean is None and forward != "transformers":
+            lean = lean_forward(model)
+        self.lean: LeanForward | None = lean
         if forward == "lean" and self.lean is None:
             raise ValueError(f"forward='lean' cannot run the {label} model: {lean_support(model)}")
         self.static = compile or cache_layout == "static"

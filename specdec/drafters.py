@@ -19,6 +19,7 @@ import torch
 from specdec.cache import CachedModel, adopted, check_runner_options, static_capacity
 from specdec.checks import as_integer, model_device
 from specdec.context import CachedContext
+from specdec.lean import LeanForward
 from specdec.interfaces import Drafter, StopHook
 from specdec.layout import Proposal, TreeLayout, tree_layout
 from specdec.sampling import SamplingConfig, finite_peaks, greedy_choice, logits_to_probs, sample, usable
@@ -31,15 +32,16 @@ DRAFT_ROOM_GUESS = 128  # new tokens a draft cache first makes room for; it grow
 class CachedDrafter(Drafter):
     """A drafter running ``model`` over its own KV cache, which it owns and rolls back (see the module docstring).
 
-    ``forward``, ``cache_layout`` and ``compile`` choose how the model runs (``specdec.cache.CachedModel``).
+    ``forward``, ``cache_layout`` and ``compile`` choose how the model runs (``specdec.cache.CachedModel``);
+    ``lean``, the lean forward of a model ``specdec.lean`` does not know (a draft head's).
     """
 
     needs_pair = True
 
     def __init__(self, model: torch.nn.Module, label: str = "draft", forward: str = "auto",
-                 cache_layout: str = "dynamic", compile: bool = False):
+                 cache_layout: str = "dynamic", compile: bool = False, lean: LeanForward | None = None):
         self.model, self.label = model, label
-        self.runner = CachedModel(model, label, forward, cache_layout, compile)
+        self.runner = CachedModel(model, label, forward, cache_layout, compile, lean)
         self.selects_rows = self.runner.selects_rows
         self.num_forwards = 0
 
@@ -136,23 +138,31 @@ class ModelDrafter(CachedDrafter):
 
     def draft(self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None) -> Proposal:
         """k forwards: the queue, then each draft but the last (the cache never sees the last draft)."""
-        logits = self.feed().logits[:, -1]  # [B, V]
-        tokens, peaks, probs = [], [], []  # [B] each per drafted token; peaks are checked once, after the loop
-        for i in range(k):
-            if sampling.is_greedy:  # q is a point mass at the argmax: the token says it all
-                token, peak = greedy_choice(logits)  # [B], [B]
-            else:
-                peak = logits.amax(-1)  # [B]
-                step_probs = logits_to_probs(logits, sampling)  # [B, V]
-                token = sample(step_probs, generator)  # [B]
-                probs.append(step_probs)
-            tokens.append(token)
-            peaks.append(peak)
-            if i == k - 1 or (stop is not None and stop(token, logits)):
-                break
-            logits = self.feed(token.unsqueeze(1)).logits[:, -1]  # [B, V]
-        finite = finite_peaks(torch.stack(peaks, 1))  # [] no NaN/inf in any draft step's logits
-        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None, finite)
+        return draft_chain(self.feed().logits[:, -1], lambda token: self.feed(token.unsqueeze(1)).logits[:, -1],
+                           k, sampling, generator, stop)
+
+
+def draft_chain(logits: torch.Tensor, feed_next, k: int, sampling: SamplingConfig, generator: torch.Generator,
+                stop: StopHook | None) -> Proposal:
+    """A chain of up to k drafts, each chosen from the [B, V] draft ``logits`` before it (the argmax at temperature
+    0, else a sample of q); ``feed_next(token [B])`` feeds a draft and returns the next logits (never for the
+    last). Stops early where ``stop`` says so."""
+    tokens, peaks, probs = [], [], []  # [B] each per drafted token; peaks are checked once, after the loop
+    for i in range(k):
+        if sampling.is_greedy:  # q is a point mass at the argmax: the token says it all
+            token, peak = greedy_choice(logits)  # [B], [B]
+        else:
+            peak = logits.amax(-1)  # [B]
+            step_probs = logits_to_probs(logits, sampling)  # [B, V]
+            token = sample(step_probs, generator)  # [B]
+            probs.append(step_probs)
+        tokens.append(token)
+        peaks.append(peak)
+        if i == k - 1 or (stop is not None and stop(token, logits)):
+            break
+        logits = feed_next(token)  # [B, V]
+    finite = finite_peaks(torch.stack(peaks, 1))  # [] no NaN/inf in any draft step's logits
+    return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None, finite)
 
 
 class NoDrafter(Drafter):

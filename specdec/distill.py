@@ -1,0 +1,198 @@
+"""Training drafters against their target: the divergences, each family's loss, and simulated acceptance.
+
+Every loss compares the drafter's distribution q with the target's p at the positions it drafts, on sequences the
+target scored (``TrainingBatch``: tokens, the target's hidden states, which positions count):
+
+- ``divergence``: "kl" KL(p || q) (forward; soft cross-entropy up to a constant), "rkl" KL(q || p), "jsd" the
+  Jensen-Shannon divergence, "tv" the total variation 1/2 sum |p - q| (1 - tv is speculative sampling's acceptance),
+  "ce" the cross-entropy of the target's token;
+- ``eagle_loss``: EAGLE's feature regression (smooth L1 to the target's next feature, where the head predicts the
+  target's last layer) plus the divergence of its logits, over ``passes`` unrolled draft steps: pass j feeds the
+  features pass j - 1 predicted, attending the real prefix and the earlier passes' slots as drafting does (EAGLE-3's
+  training-time test);
+- ``medusa_loss``: head i against p at i + 1 positions ahead;
+- ``draft_loss``: a draft model's divergence at every position.
+
+Simulated acceptance (``simulated_acceptance``): at temperature 0, draft step i from a prefix is accepted when it
+equals the target's argmax, given steps 1..i-1 were; over every prefix of held-out greedy continuations this gives
+the per-position acceptance a_i and tau = 1 + sum_k prod_{i <= k} a_i (SpecForge's and NeMo's simulated acceptance
+length), which the loop's measured tau should approach.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.heads import EagleHead, MedusaHeads, medusa_logits, target_head_weight
+
+DIVERGENCES = ("kl", "rkl", "jsd", "tv", "ce")
+
+
+@dataclass
+class TrainingBatch:
+    """Sequences the target scored, right-padded."""
+
+    tokens: torch.Tensor  # [B, T] long
+    last: torch.Tensor  # [B, T, D] the target's last hidden state (its LM head's input): p of token t + 1 at t
+    counts: torch.Tensor  # [B, T] bool: position t's next token is trained on (the continuation, not padding)
+    hidden: torch.Tensor | None = None  # [B, T, H, D] the target's hidden states at the layers an EAGLE head reads
+
+
+def check_divergence(name: object) -> str:
+    if name not in DIVERGENCES:
+        raise ValueError(f"loss must be one of {', '.join(DIVERGENCES)}, got {name!r}")
+    return name
+
+
+def divergence(name: str, draft_logits: torch.Tensor, target_logits: torch.Tensor,
+               target_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """[..., V] logits of q and p -> [...] the divergence ``name`` at each position (``target_tokens`` [...] for
+    "ce": the target's tokens)."""
+    log_q = draft_logits.float().log_softmax(-1)
+    if name == "ce":
+        return -log_q.gather(-1, target_tokens.unsqueeze(-1)).squeeze(-1)
+    log_p = target_logits.float().log_softmax(-1)
+    p, q = log_p.exp(), log_q.exp()
+    if name == "kl":
+        return (p * (log_p - log_q)).sum(-1)
+    if name == "rkl":
+        return (q * (log_q - log_p)).sum(-1)
+    if name == "tv":
+        return 0.5 * (p - q).abs().sum(-1)
+    log_m = (0.5 * (p + q)).clamp_min(torch.finfo(p.dtype).tiny).log()
+    return 0.5 * (p * (log_p - log_m)).sum(-1) + 0.5 * (q * (log_q - log_m)).sum(-1)  # jsd
+
+
+def target_logits(target: nn.Module, last: torch.Tensor) -> torch.Tensor:
+    """[..., D] the target's last hidden states -> [..., V] its logits (its own LM head, frozen)."""
+    return F.linear(last, target_head_weight(target).detach())
+
+
+def eagle_passes(head: EagleHead, target: nn.Module, batch: TrainingBatch, passes: int
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The head's first ``passes`` draft steps from every prefix at once: per pass j, [B, T, V] logits and
+    [B, T, D] predicted features, position t predicting token t + 2. Pass 0 reads the target's features; pass j
+    reads pass j - 1's prediction at t - 1 and attends the real prefix up to t - j and pass i's slot at t - j + i,
+    as the head does while drafting. Differentiable."""
+    forward = head.lean(target)
+    batch_size, length = batch.tokens.shape
+    device = batch.tokens.device
+    keys, values = forward.new_buffers(batch_size, passes * length, device, forward.family.dtype)
+    key_buffer, value_buffer = keys[0], values[0]
+    positions = torch.arange(length, device=device).expand(batch_size, -1)  # [B, T]
+    next_tokens = torch.cat([batch.tokens[:, 1:], batch.tokens[:, -1:]], 1)  # [B, T] the token after each position
+    features = head.fused(batch.hidden)  # [B, T, D]
+    rows = torch.arange(batch_size, device=device).unsqueeze(1)
+    outputs = []
+    for j in range(passes):
+        hidden, rotary = forward.embed(next_tokens, positions, features)
+        write = (rows, slice(None), positions + j * length)
+        mask = pass_mask(j, length, device).expand(batch_size, 1, -1, -1)  # [B, 1, T, (j+1) T]
+        # Each pass writes into its own copy: the passes before it read theirs, and autograd keeps those as read.
+        key_buffer, value_buffer = key_buffer.clone(), value_buffer.clone()
+        hidden = forward.block(0, hidden, rotary, write, mask, key_buffer, value_buffer)
+        predicted = forward.final_norm(hidden)  # [B, T, D]
+        outputs.append((forward.lm_head(predicted), predicted))
+        features = torch.cat([torch.zeros_like(predicted[:, :1]), predicted[:, :-1]], 1)  # pass j's at t - 1
+    return outputs
+
+
+def pass_mask(j: int, length: int, device: torch.device) -> torch.Tensor:
+    """[T, (j+1) T] bool: what pass j at position t attends: pass 0's slots up to t - j, pass i's slot t - j + i
+    (0 < i < j) and its own. Positions t < j (no real prefix) attend their own slot only."""
+    t = torch.arange(length, device=device)
+    columns = [t.unsqueeze(0) <= (t - j).unsqueeze(1)]  # [T, T] the real prefix
+    for i in range(1, j + 1):
+        columns.append(torch.eye(length, dtype=torch.bool, device=device).roll(-(j - i), 1)
+                       & (t >= j).unsqueeze(1) if i < j else torch.eye(length, dtype=torch.bool, device=device))
+    return torch.cat(columns, 1)
+
+
+def eagle_loss(head: EagleHead, target: nn.Module, batch: TrainingBatch, loss: str = "kl", passes: int = 1,
+               feature_weight: float = 1.0, token_weight: float = 0.1, pass_decay: float = 0.8) -> torch.Tensor:
+    """EAGLE's loss over ``passes`` unrolled steps (pass j weighted ``pass_decay``^j): smooth L1 from the
+    predicted feature to the target's next last-layer feature (where the head reads the last layer alone) plus
+    ``token_weight`` times the divergence from p at the position predicted."""
+    total = 0.0
+    regress = feature_weight and tuple(head.feature_layers) == (-1,)
+    p = target_logits(target, batch.last)  # [B, T, V] p at each position
+    for j, (logits, predicted) in enumerate(eagle_passes(head, target, batch, passes)):
+        counts = shifted_counts(batch.counts, 1, j)  # [B, T] position t predicts token t + 2
+        tokens = torch.roll(batch.tokens, -2, 1)
+        term = token_weight * divergence(loss, logits, p.roll(-1, 1), tokens)
+        if regress:
+            term = term + feature_weight * F.smooth_l1_loss(predicted, batch.last.roll(-1, 1), reduction="none").mean(-1)
+        total = total + pass_decay**j * masked_mean(term, counts)
+    return total
+
+
+def medusa_loss(heads: MedusaHeads, target: nn.Module, batch: TrainingBatch, loss: str = "kl") -> torch.Tensor:
+    """Head i at position t against p at t + i + 1 (it predicts token t + i + 2); heads weighted alike."""
+    logits = medusa_logits(heads, target, batch.last)  # [B, T, K, V]
+    p = target_logits(target, batch.last)  # [B, T, V]
+    total = 0.0
+    for i in range(heads.num_heads):
+        tokens = torch.roll(batch.tokens, -(i + 2), 1)
+        term = divergence(loss, logits[:, :, i], p.roll(-(i + 1), 1), tokens)
+        total = total + masked_mean(term, shifted_counts(batch.counts, i + 1, 0))
+    return total / heads.num_heads
+
+
+def draft_loss(draft: nn.Module, target: nn.Module, batch: TrainingBatch, loss: str = "kl") -> torch.Tensor:
+    """A draft model's divergence from p at every counted position (it predicts token t + 1 from position t)."""
+    logits = draft(batch.tokens).logits  # [B, T, V]
+    term = divergence(loss, logits, target_logits(target, batch.last), torch.roll(batch.tokens, -1, 1))
+    return masked_mean(term, batch.counts)
+
+
+def shifted_counts(counts: torch.Tensor, ahead: int, prefix: int) -> torch.Tensor:
+    """[B, T] the positions t where ``counts`` holds at t + ``ahead`` (the token trained on there is counted) and
+    that have ``prefix`` positions before them (draft step j + 1 of an EAGLE head needs j)."""
+    shifted = torch.zeros_like(counts)
+    length = counts.shape[1]
+    if ahead < length:
+        shifted[:, : length - ahead] = counts[:, ahead:]
+    shifted[:, :prefix] = False
+    return shifted
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum().clamp_min(1)
+
+
+@torch.no_grad()
+def draft_matches(drafter: nn.Module, target: nn.Module, batch: TrainingBatch, k: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """At temperature 0, [B, T, k] whether draft step i + 1 from the prefix ending at token t + 1 (an EAGLE or
+    Medusa head; a draft model: at token t) equals the target's argmax there, given the prefix; and [B, T] the
+    prefixes whose k steps all lie in counted tokens."""
+    choice = target_logits(target, batch.last).argmax(-1)  # [B, T] the target's choice of token t + 1
+    if isinstance(drafter, EagleHead):  # pass i at position t + i predicts token t + i + 2
+        steps = [logits.argmax(-1) for logits, _ in eagle_passes(drafter, target, batch, k)]
+        guesses = torch.stack([steps[i].roll(-i, 1) for i in range(k)], -1)  # [B, T, k]
+        ahead = 1
+    elif isinstance(drafter, MedusaHeads):  # head i at position t predicts token t + i + 2
+        guesses = medusa_logits(drafter, target, batch.last).argmax(-1)[..., :k]  # [B, T, k]
+        ahead = 1
+    else:  # teacher forced: position t + i predicts token t + i + 1
+        argmax = drafter(batch.tokens).logits.argmax(-1)  # [B, T]
+        guesses = torch.stack([argmax.roll(-i, 1) for i in range(k)], -1)
+        ahead = 0
+    reference = torch.stack([choice.roll(-(ahead + i), 1) for i in range(k)], -1)  # [B, T, k]
+    counted = torch.stack([shifted_counts(batch.counts, ahead + i, 0) for i in range(k)], -1).all(-1)  # [B, T]
+    return guesses == reference, counted
+
+
+def simulated_acceptance(matches: torch.Tensor, counted: torch.Tensor) -> tuple[list[float], float]:
+    """[..., k] per-prefix matches of draft steps 1..k over the [...] ``counted`` prefixes -> (a_i for i = 1..k,
+    tau = 1 + sum_k prod_{i<=k} a_i)."""
+    matches = matches[counted]  # [P, k]
+    runs = torch.cumprod(matches.long(), -1).sum(0).double()  # [k] prefixes whose first i steps all match
+    reached = torch.cat([runs.new_tensor([matches.shape[0]]), runs[:-1]])  # [k] whose first i - 1 steps did
+    rates = [float(hit / seen) if seen else float("nan") for hit, seen in zip(runs, reached)]
+    tau = 1.0 + float(runs.sum() / matches.shape[0]) if matches.shape[0] else float("nan")
+    return rates, tau
