@@ -67,6 +67,29 @@ def save_drafter(directory: str | Path, kind: str, module: nn.Module, options: d
     return directory
 
 
+def save_draft_model(directory: str | Path, draft: nn.Module, target: nn.Module, training: dict | None = None) -> Path:
+    """A whole draft model (a distilled one) with ``save_pretrained``, and beside it the config naming its target."""
+    directory = Path(directory)
+    draft.save_pretrained(directory)
+    config = {"kind": "model", "options": {}, "target": asdict(target_identity(target)), "training": training or {}}
+    partial = directory / (CONFIG_FILE + ".partial")
+    partial.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    partial.replace(directory / CONFIG_FILE)
+    return directory
+
+
+def load_draft_model(directory: str | Path, target: nn.Module) -> nn.Module:
+    """The draft model saved in ``directory`` for ``target`` (refused in one line for another target), on the
+    target's device and in its dtype, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    config = read_drafter_config(directory, "model")
+    check_target(directory, config, target)
+    parameter = next(target.parameters())
+    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=parameter.dtype)
+    return model.to(parameter.device).eval().requires_grad_(False)
+
+
 def read_drafter_config(directory: str | Path, kind: str) -> dict:
     """A checkpoint's config, refusing in one line a directory that holds none or another kind of drafter."""
     path = Path(directory) / CONFIG_FILE

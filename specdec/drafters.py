@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.cache import CachedModel, adopted, check_runner_options, static_capacity
+from specdec.checkpoints import load_draft_model, read_drafter_config
 from specdec.checks import as_integer, model_device
 from specdec.context import CachedContext
 from specdec.lean import LeanForward
@@ -125,16 +126,24 @@ class ModelDrafter(CachedDrafter):
     trusted_proposals = True
 
     @classmethod
-    def from_pair(cls, pair, compile: bool = False, forward: str = "auto", **options) -> ModelDrafter:
-        cls.check_options(compile=compile, forward=forward, **options)
-        return cls(pair.draft, compile=compile, forward=forward, **options)
+    def from_pair(cls, pair, compile: bool = False, forward: str = "auto", checkpoint: str | None = None,
+                  **options) -> ModelDrafter:
+        """The pair's draft, or with ``checkpoint`` the draft trained for the pair's target saved there
+        (``python -m experiments.train_drafter drafter=model``)."""
+        cls.check_options(compile=compile, forward=forward, checkpoint=checkpoint, **options)
+        draft = pair.draft if checkpoint is None else load_draft_model(checkpoint, pair.target)
+        return cls(draft, compile=compile, forward=forward, **options)
 
     @classmethod
-    def check_options(cls, compile: bool = False, forward: str = "auto", **options) -> None:
+    def check_options(cls, compile: bool = False, forward: str = "auto", checkpoint: str | None = None,
+                      **options) -> None:
         unknown = set(options) - {"label", "cache_layout"}
         if unknown:
-            raise TypeError(f"ModelDrafter got unknown options {sorted(unknown)}; it takes label and cache_layout")
+            raise TypeError(f"ModelDrafter got unknown options {sorted(unknown)}; it takes checkpoint, label and "
+                            f"cache_layout")
         check_runner_options(options.get("cache_layout", "dynamic"), forward, compile)
+        if checkpoint is not None:
+            read_drafter_config(checkpoint, "model")
 
     def draft(self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None) -> Proposal:
         """k forwards: the queue, then each draft but the last (the cache never sees the last draft)."""
