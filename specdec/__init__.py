@@ -14,7 +14,9 @@ from specdec.emit import GenerationOutput, NonFiniteLogitsError, StrategyVerdict
 from specdec.cross_tokenizer import CrossTokenizerDrafter
 from specdec.drafters import ModelDrafter, NoDrafter, TreeDrafter
 from specdec.dynamic_tree import DynamicTreeDrafter
+from specdec.eagle import EagleDrafter
 from specdec.early_exit import EarlyExitDrafter
+from specdec.medusa import MedusaDrafter
 from specdec.models import ModelPair, ModelUnavailableError, load_pair, resolve_device, resolve_dtype
 from specdec.ngram import NGramDrafter
 from specdec.prompts import Prompt, load_prompts
@@ -51,6 +53,8 @@ __all__ = [
     "DynamicTreeDrafter",
     "NGramDrafter",
     "EarlyExitDrafter",
+    "EagleDrafter",
+    "MedusaDrafter",
     "DraftLengthPolicy",
     "FixedLength",
     "HeuristicLength",

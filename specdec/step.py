@@ -278,7 +278,7 @@ def emitted_states(hidden: torch.Tensor, queue: torch.Tensor, queue_valid: torch
 def last_states(hidden: torch.Tensor, width: int, verdict: Verdict, num_new: torch.Tensor) -> TargetStates:
     """The target's hidden states at the position whose distribution gave the next token (the root's, or the last
     accepted node's), with that token. hidden [B, m+N, H, D] at the fed columns, ``width`` = m."""
-    path = torch.cat([torch.zeros_like(verdict.path[:, :1]), verdict.path], 1)  # [B, d+1] the root, then the path
+    path = torch.cat([verdict.path.new_zeros(verdict.path.shape[0], 1), verdict.path], 1)  # [B, d+1] root, path
     column = width - 1 + path.gather(1, verdict.num_accepted.unsqueeze(1))  # [B, 1]
     index = column[:, :, None, None].expand(-1, -1, *hidden.shape[2:])
     return TargetStates(hidden=hidden.gather(1, index),  # [B, 1, H, D]
