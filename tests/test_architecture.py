@@ -178,3 +178,114 @@ def test_a_cache_has_one_rollback_and_only_its_module_calls_the_helpers():
         attributes = {node.attr for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                       if isinstance(node, ast.Attribute)}
         assert not attributes & set(helpers), path
+
+
+# What architecture pass 3 promised ---------------------------------------------------------------------------------
+
+PHASE_CALLS = {"feed", "verifier", "commit", "add", "observe", "propose", "emit", "count_new", "target_states"}
+
+
+@pytest.mark.parametrize("module", ["decode", "device_loop"])
+def test_the_drivers_hold_no_phase_of_the_step(module):
+    """The step's phases are written once, in specdec/step.py: a driver calls ``step`` and never a phase's own
+    call (a forward, the verifier, a commit, the step log, the policy, emitting)."""
+    tree = ast.parse((REPO / "specdec" / f"{module}.py").read_text(encoding="utf-8"))
+    called = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
+              and isinstance(node.func, ast.Attribute)}
+    assert not called & PHASE_CALLS, called & PHASE_CALLS
+    assert "step" in called
+
+
+def normalized_windows(path: Path, size: int) -> set[tuple[str, ...]]:
+    """Every run of ``size`` consecutive lines of code of a file, stripped (blank lines, comments, imports and
+    docstring quotes left out)."""
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    lines = [line for line in lines if line and not line.startswith(("#", "import ", "from ", '"""'))]
+    return {tuple(lines[i : i + size]) for i in range(len(lines) - size + 1)}
+
+
+def test_the_two_drivers_share_no_block_of_four_lines():
+    shared = normalized_windows(REPO / "specdec" / "decode.py", 4) & normalized_windows(
+        REPO / "specdec" / "device_loop.py", 4)
+    assert not shared, sorted(shared)[:2]
+
+
+def test_the_bench_scripts_share_no_block_of_six_lines():
+    scripts = [REPO / "experiments" / name for name in ("bench.py", "tree_bench.py", "tree_search.py",
+                                                         "shapes_bench.py", "gpu_suite.py")]
+    for i, first in enumerate(scripts):
+        for second in scripts[i + 1 :]:
+            shared = normalized_windows(first, 6) & normalized_windows(second, 6)
+            assert not shared, (first.name, second.name, sorted(shared)[:1])
+
+
+@pytest.mark.parametrize("module", ["step", "decode", "device_loop", "api"])
+def test_capabilities_are_declared_not_probed(module):
+    """The loop reads what a part declares: it never probes a part (drafter, strategy, policy, sampling) with
+    getattr / hasattr, nor reads where its code lives (``__module__``)."""
+    tree = ast.parse((REPO / "specdec" / f"{module}.py").read_text(encoding="utf-8"))
+    probes = [ast.unparse(node) for node in ast.walk(tree) if isinstance(node, ast.Call)
+              and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and any(part in ast.unparse(node.args[0]) for part in ("drafter", "strategy", "draft_length", "sampling"))]
+    attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    assert not probes and "__module__" not in attributes, probes
+
+
+def test_every_class_has_one_name():
+    """No two classes of the library share a name (one ``Decoder``)."""
+    names = {}
+    for path in sorted((REPO / "specdec").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                names.setdefault(node.name, []).append(path.name)
+    assert not {name: paths for name, paths in names.items() if len(paths) > 1}
+
+
+def test_a_context_is_rolled_back_in_one_place():
+    """``KVCache.keep`` is called by ``CachedContext.keep`` alone: every owner's rollback goes through it."""
+    callers = []
+    for path in sorted((REPO / "specdec").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for function in ast.walk(tree):
+            if isinstance(function, ast.FunctionDef):
+                for node in ast.walk(function):
+                    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "keep"
+                            and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "cache"):
+                        callers.append(f"{path.name}:{function.name}")
+    assert callers == ["context.py:keep"]
+
+
+def overridden(cls: type, name: str) -> bool:
+    """Whether ``name`` of ``cls`` keeps an interface's signature: it overrides a base's, or a subclass's
+    overrides it (an interface's default)."""
+    def subclasses(of: type) -> list[type]:
+        return [sub for direct in of.__subclasses__() for sub in (direct, *subclasses(direct))]
+    return any(name in vars(base) for base in cls.__mro__[1:]) or any(name in vars(sub) for sub in subclasses(cls))
+
+
+def test_no_parameter_goes_unread():
+    """Every parameter of the library's functions is read, but where a method keeps an interface's signature (it
+    overrides one, is overridden, or only raises or passes)."""
+    import importlib
+
+    import specdec  # noqa: F401 - every shipped subclass is defined
+
+    unread = []
+    for path in sorted((REPO / "specdec").rglob("*.py")):
+        name = module_name(path)
+        module = importlib.import_module(name)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for owner in [tree, *[node for node in tree.body if isinstance(node, ast.ClassDef)]]:
+            cls = getattr(module, owner.name, None) if isinstance(owner, ast.ClassDef) else None
+            for function in [node for node in owner.body if isinstance(node, ast.FunctionDef)]:
+                body = [node for node in function.body if not (isinstance(node, ast.Expr)
+                                                               and isinstance(node.value, ast.Constant))]
+                if not body or all(isinstance(node, (ast.Raise, ast.Pass)) for node in body):
+                    continue
+                if cls is not None and overridden(cls, function.name):
+                    continue
+                read = {node.id for node in ast.walk(function) if isinstance(node, ast.Name)}
+                arguments = [*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs]
+                unread += [f"{name}.{function.name}({argument.arg})" for argument in arguments
+                           if argument.arg not in ("self", "cls") and argument.arg not in read]
+    assert not unread, unread
