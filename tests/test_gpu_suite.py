@@ -212,10 +212,14 @@ class GraphRecorder(TorchDispatchMode):
     noted ops again over the very same tensors, without the Python around them, writing each op's result into the
     tensor the recording returned. A capture runs no kernel, so ``undo()`` gives back the tensors the recording
     wrote in place their earlier values, and poisons the ones it allocated (NaN, or a huge integer) until a replay
-    writes them. Ops that hand a value to the host are listed in ``host_reads`` (a capture refuses them)."""
+    writes them. Ops that hand a value to the host are listed in ``host_reads`` (a capture refuses them).
+    ``registered``: the generator state registered with the graph (``CudaLikeGenerator.graphsafe_get_state()`` at
+    capture, as ``CUDAGraph.register_generator_state`` registers it): every random op of a replay draws from it,
+    whatever the generator the recording saw points at by then."""
 
-    def __init__(self):
+    def __init__(self, registered: torch.Generator | None = None):
         super().__init__()
+        self.registered = registered
         self.ops, self.saved, self.fresh, self.host_reads = [], [], [], []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -263,6 +267,8 @@ class GraphRecorder(TorchDispatchMode):
 
     def replay(self) -> None:
         for func, args, kwargs, outputs, aliased in self.ops:
+            if kwargs.get("generator") is not None and self.registered is not None:
+                kwargs = {**kwargs, "generator": self.registered}
             results = func(*args, **kwargs)
             if not aliased:  # views and in-place ops already wrote the tensors the recording saw
                 results = results if isinstance(results, (tuple, list)) else (results,)
@@ -270,10 +276,47 @@ class GraphRecorder(TorchDispatchMode):
                     recorded.copy_(result)
 
 
+class CudaLikeGenerator(torch.Generator):
+    """A CPU generator with a CUDA generator's two levels: the generator object points at a state object
+    (``graphsafe_get_state``), which is what a graph capture registers and its replays draw from and advance.
+    ``graphsafe_set_state`` re-points the generator at another's state object, leaving the registered one behind;
+    ``set_state`` copies a state by value into the state object the generator points at; ``get_state`` reads it. The
+    state object it is born pointing at is its own torch state, the one ops called with it draw from. It reports
+    device "cuda", so code that branches on the device takes the CUDA path. (Draws by eager ops after a re-pointing
+    are not modelled: after adopting a kept capture the device step draws through replays only.)"""
+
+    points_at: torch.Generator
+
+    @classmethod
+    def holding(cls, generator: torch.Generator) -> CudaLikeGenerator:
+        """A new one at ``generator``'s place in its stream."""
+        made = cls()
+        made.points_at = made
+        made.set_state(generator.get_state())
+        return made
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda")
+
+    def graphsafe_get_state(self) -> torch.Generator:
+        return self.points_at
+
+    def graphsafe_set_state(self, state: torch.Generator) -> None:
+        self.points_at = state
+
+    def get_state(self) -> torch.Tensor:
+        return torch.Generator.get_state(self.points_at)
+
+    def set_state(self, state: torch.Tensor) -> None:
+        torch.Generator.set_state(self.points_at, state)
+
+
 def emulated_capture(self):
-    """``DeviceRun.capture`` as on CUDA, with a GraphRecorder for the graph (and CUDA's one-step-late read)."""
+    """``DeviceRun.capture`` as on CUDA, with a GraphRecorder for the graph (the generator's state registered) and
+    CUDA's one-step-late read."""
     self.lag = 1
-    recorder = GraphRecorder()
+    recorder = GraphRecorder(registered=self.generator.graphsafe_get_state())
     random_state = self.generator.get_state()  # a capture draws no random number: its replays do
     with recorder:
         flags = self.step()
@@ -313,12 +356,20 @@ def storages_held(root, depth: int = 10) -> set[int]:
 
 @pytest.fixture
 def graph_semantics(monkeypatch):
-    """Every device step captured and replayed as a CUDA graph would be; yields the recorders made. Each run's
+    """Every device step captured and replayed as a CUDA graph would be, its random draws from the generator state
+    registered at capture (each run's generator a ``CudaLikeGenerator``); yields the recorders made. Each run's
     ``orphan_reads`` lists what its capture read from tensors the run no longer holds once the capture is over
     (rebound to new ones during it): on CUDA their blocks go back to the allocator while the graph still reads them."""
     from specdec.device_loop import DeviceRun
 
     recorders, orphan_reads = [], []
+    start_run = DeviceRun.__init__
+
+    def start_run_with_a_cuda_like_generator(self, *args, **kwargs):
+        start_run(self, *args, **kwargs)
+        self.generator = CudaLikeGenerator.holding(self.generator)
+
+    monkeypatch.setattr(DeviceRun, "__init__", start_run_with_a_cuda_like_generator)
     monkeypatch.setattr(DeviceRun, "recorders", recorders, raising=False)
     monkeypatch.setattr(DeviceRun, "orphan_reads", orphan_reads, raising=False)
     monkeypatch.setattr(DeviceRun, "capture", emulated_capture)
@@ -382,8 +433,8 @@ def test_a_captured_step_reads_no_tensor_the_run_let_go_of(graph_semantics, draf
 
 def test_a_kept_capture_serves_later_calls_of_the_same_shapes(graph_semantics):
     """One capture per set of shapes, kept by the Decoder: a later call adopts its tensors after its own prefill's
-    step and replays it, with the host loop's greedy tokens; another budget (other shapes) captures its own; a
-    sampled call gives the same tokens whether its capture is new or kept (the random stream carries over)."""
+    step and replays it, with the host loop's greedy tokens; another budget (other shapes) captures its own;
+    ``release`` frees them."""
     recorders, orphan_reads = graph_semantics
     target, draft = (tiny_gpt2(layers, seed).double() for layers, seed in ((2, 1), (1, 0)))
     generator = torch.Generator().manual_seed(3)
@@ -401,10 +452,61 @@ def test_a_kept_capture_serves_later_calls_of_the_same_shapes(graph_semantics):
     ids, mask = batches[0]
     assert device.generate(ids, mask, max_new_tokens=30).tokens == host.generate(ids, mask, max_new_tokens=30).tokens
     assert len(recorders) == 2
-    sampled = specdec.SamplingConfig(temperature=1.0)
-    fresh, kept = decoder("device", sampled), decoder("device", sampled)
-    kept.generate(*batches[1], max_new_tokens=20, seed=9)  # captures
-    assert kept.generate(ids, mask, max_new_tokens=20, seed=4).tokens == fresh.generate(ids, mask, max_new_tokens=20,
-                                                                                        seed=4).tokens
-    kept.release()
-    assert not kept.device_program.captures
+    device.release()
+    assert not device.device_program.captures
+
+
+def test_a_sampled_call_depends_only_on_its_seed_whether_its_capture_is_fresh_or_kept(graph_semantics):
+    """Temperature 1, speculative sampling: a call replaying a kept capture, after a call with another seed, emits
+    what its seed emitted on a fresh capture, and what another decoder's fresh capture emits for that seed. A graph
+    replays the generator state registered at its capture, so a call's stream must be copied into that state by
+    value: re-pointing the generator (``graphsafe_set_state``) would leave the graph drawing on from the last
+    call's stream (issue 36)."""
+    recorders, _ = graph_semantics
+    target, draft = (tiny_gpt2(layers, seed).double() for layers, seed in ((2, 1), (1, 0)))
+    generator = torch.Generator().manual_seed(5)
+    ids, mask = left_pad([torch.randint(1, 200, (n,), generator=generator).tolist() for n in (5, 8)])
+
+    def decoder():
+        return specdec.Decoder(target, specdec.ModelDrafter(draft), specdec.Speculative(), specdec.FixedLength(3),
+                               specdec.SamplingConfig(temperature=1.0), step="device")
+
+    kept = decoder()
+    first = kept.generate(ids, mask, max_new_tokens=24, seed=4).tokens  # captures
+    other_seed = kept.generate(ids, mask, max_new_tokens=24, seed=9).tokens  # replays the kept capture
+    assert kept.generate(ids, mask, max_new_tokens=24, seed=4).tokens == first  # so does this one
+    assert len(recorders) == 1 and other_seed != first  # the seed matters
+    assert decoder().generate(ids, mask, max_new_tokens=24, seed=4).tokens == first  # a fresh capture
+    assert len(recorders) == 2
+
+
+def test_the_cuda_like_generator_replays_the_state_registered_at_capture():
+    """The emulation's generator semantics, as CUDA's: a replay draws from the state registered at capture and
+    advances it; re-pointing the generator leaves the graph on the registered state; ``set_state`` writes it."""
+
+    def captured_draw(generator):
+        recorder = GraphRecorder(registered=generator.graphsafe_get_state())
+        state = generator.get_state()
+        with recorder:
+            drawn = torch.rand(4, generator=generator)  # [4]
+        recorder.undo()
+        generator.set_state(state)  # a capture draws nothing
+        return recorder, drawn
+
+    def draws(seed, count):
+        stream = torch.Generator().manual_seed(seed)
+        return [torch.rand(4, generator=stream) for _ in range(count)]
+
+    repointed = CudaLikeGenerator.holding(torch.Generator().manual_seed(1))
+    recorder, drawn = captured_draw(repointed)
+    recorder.replay()
+    assert torch.equal(drawn, draws(1, 1)[0])
+    repointed.graphsafe_set_state(CudaLikeGenerator.holding(torch.Generator().manual_seed(2)).graphsafe_get_state())
+    assert torch.equal(repointed.get_state(), torch.Generator().manual_seed(2).get_state())
+    recorder.replay()
+    assert torch.equal(drawn, draws(1, 2)[1])  # the registered stream went on
+    by_value = CudaLikeGenerator.holding(torch.Generator().manual_seed(1))
+    recorder, drawn = captured_draw(by_value)
+    by_value.set_state(torch.Generator().manual_seed(2).get_state())
+    recorder.replay()
+    assert torch.equal(drawn, draws(2, 1)[0])
