@@ -4,6 +4,7 @@ emulated on CPU."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import tempfile
@@ -17,11 +18,13 @@ import specdec
 
 from experiments import gpu_suite
 from experiments.gpu_suite import (
-    HEADLINE_KEYS, SMOKE, Budget, Estimates, Suite, device_kind, section_budget, tiny_gpt2,
+    HEADLINE_KEYS, SHORT, Budget, Estimates, GraphCounter, Suite, device_kind, section_budget, smoke, step_timeline,
+    tiny_gpt2, union_length,
 )
 from specdec.batching import left_pad
 
-ALL_BUT_STUDY = ",".join(name for name in gpu_suite.SECTIONS if name != "study")
+SMOKE = smoke(SHORT)
+ALL_BUT_STUDY = ",".join(name for name in SMOKE.sections if name != "study")
 
 
 class FakeClock:
@@ -35,19 +38,21 @@ class FakeClock:
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    """One smoke run of every section but the study job (tests/test_gpu_suite.py's slow test runs that one), with a
+def smoke_run(tmp_path_factory):
+    """One smoke run of the short plan, every section but the study job (tests/test_gpu_suite.py's slow test runs that one), with a
     budget no loaded machine runs out of: what the budgets skip is tested on a fake clock below."""
     out = tmp_path_factory.mktemp("smoke")
     payload = gpu_suite.main(["--smoke", "--out", str(out), "--sections", ALL_BUT_STUDY, "--budget", "36000"])
     return payload, out
 
 
-def test_the_smoke_run_writes_every_headline_key_measured_on_cpu(smoke):
-    payload, out = smoke
+def test_the_smoke_run_writes_every_headline_key_measured_on_cpu(smoke_run):
+    payload, out = smoke_run
     written = json.loads((out / "gpu-cpu.json").read_text())
     assert list(written)[: len(HEADLINE_KEYS)] == list(HEADLINE_KEYS)
     assert written["device"] == "cpu" and written["copy_bandwidth_tbps"] is None  # a device copy is CUDA's
+    assert written["preflight"] == "passed" and all(row["passed"] for row in written["tables"]["preflight"])
+    assert written["spec_ks_measured"] == list(SHORT.ks) and set(SHORT.ks) >= {2, 3, 4, 5, 6}
     assert written["ar_batch1_share_of_bound"] is None  # no bandwidth, no bound
     for key in ("ar_batch1_tok_s", "hf_best_ar_batch1_tok_s", "draft_target_cost_ratio", "spec_speedup_a07_best",
                 "spec_measured_over_predicted_a07", "embedded_ours_over_hf_assisted"):
@@ -55,16 +60,17 @@ def test_the_smoke_run_writes_every_headline_key_measured_on_cpu(smoke):
     assert written["spec_speedup_a07_best_k"] in SMOKE.ks
     assert written["identical_greedy_tokens"] is True
     assert written["host_reads_per_step"] <= 1  # the device step reads one small tensor per step
-    assert {name: record["status"] for name, record in written["sections"].items()} == {
-        name: "done" for name in ALL_BUT_STUDY.split(",")}
+    assert list(written["sections"]) == ["preflight", *ALL_BUT_STUDY.split(",")]  # the plan's order
+    assert all(record["status"] == "done" and not record["failed"] for record in written["sections"].values())
 
 
-def test_the_smoke_tables_hold_what_the_headline_is_read_from(smoke):
-    payload, out = smoke
+def test_the_smoke_tables_hold_what_the_headline_is_read_from(smoke_run):
+    payload, out = smoke_run
     tables = payload["tables"]
     spec = tables["speculative"]
-    assert sorted((row["acceptance"], row["k"]) for row in spec) == sorted(
-        (alpha, k) for alpha in SMOKE.acceptances for k in SMOKE.ks)
+    assert [(row["acceptance"], row["k"]) for row in spec] == [(0.7, k) for k in SHORT.ks] + [
+        (alpha, k) for k in SHORT.ks for alpha in SHORT.more_acceptances]  # the headline's first
+    assert all(row["compiles"] == 0 for row in spec)  # uncompiled on CPU: what a k compiles is 0
     best = max((row for row in spec if row["acceptance"] == 0.7), key=lambda row: row["speedup"])
     assert (payload["spec_speedup_a07_best"], payload["spec_speedup_a07_best_k"]) == (best["speedup"], best["k"])
     for row in spec:
@@ -73,11 +79,13 @@ def test_the_smoke_tables_hold_what_the_headline_is_read_from(smoke):
     assert set(batch1) == {*SMOKE.modes, *SMOKE.peers}
     assert payload["ar_batch1_tok_s"] == max(batch1[mode]["tok_s"] for mode in SMOKE.modes)
     assert payload["hf_best_ar_batch1_tok_s"] == max(batch1[peer]["tok_s"] for peer in SMOKE.peers)
-    assert all(row["tokens_equal_eager"] for row in batch1.values())  # fp32: every path emits the same tokens
+    assert all(row["tokens_equal_reference"] for row in batch1.values())  # fp32: every path emits the same tokens
     assert [row["batch"] for row in tables["ar_batch2"]] == [2] * len(SMOKE.modes)  # no peers past batch 1
+    assert payload["draft_target_cost_ratio"] == tables["cost_ratio"][0]["cost_ratio"]
     markdown = (out / "gpu-cpu.md").read_text()
-    for heading in ("## Autoregressive, batch 1", "## Speculative at synthetic acceptance", "## The embedded pair",
-                    "## Host reads per step", "## Headline figures", "## Sections (time lines)"):
+    for heading in ("## Preflight: the device step on cpu", "## Autoregressive, batch 1", "## Cost ratio",
+                    "## Speculative at synthetic acceptance", "## The embedded pair", "## Host reads per step",
+                    "## Headline figures", "## Sections (time lines)"):
         assert heading in markdown, heading
     assert "| spec_speedup_a07_best | " in markdown
 
@@ -92,15 +100,119 @@ def test_a_failing_section_is_recorded_and_the_next_one_runs(tmp_path, monkeypat
     assert payload["sections"]["bandwidth"]["error"] == "RuntimeError: no device copy here"
     assert payload["sections"]["host_reads"]["status"] == "done" and payload["host_reads_per_step"] is not None
     assert "**Section `bandwidth` failed**: RuntimeError: no device copy here" in (tmp_path / "gpu-cpu.md").read_text()
-    assert set(payload["sections"]) == {"bandwidth", "host_reads"}  # --sections left the others out
+    assert list(payload["sections"]) == ["preflight", "bandwidth", "host_reads"]  # --sections left the others out
 
 
-def test_unknown_sections_and_budgets_are_refused_in_one_line(capsys):
+def test_unknown_sections_budgets_pairs_and_ks_are_refused_in_one_line(capsys):
     with pytest.raises(SystemExit):
         gpu_suite.parse_args(["--sections", "bandwidth,warp_speed"])
-    assert "expected comma-separated sections from bandwidth, ar_batch1" in capsys.readouterr().err
+    assert "expected comma-separated sections from preflight, bandwidth, ar_batch1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu_suite.parse_args(["--plan", "medium"])
+    assert "invalid choice: 'medium'" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="--budget must be a positive number of seconds, got -5.0"):
         gpu_suite.main(["--smoke", "--budget", "-5"])
+    with pytest.raises(SystemExit, match="--pair must be 'tiny' or one of embedded, .*got 'gpt5'"):
+        gpu_suite.main(["--smoke", "--pair", "gpt5"])
+    with pytest.raises(SystemExit, match="--profile takes a k from 1 to 16, got 0"):
+        gpu_suite.main(["--smoke", "--profile", "0"])
+
+
+def test_a_failed_preflight_skips_every_device_step_item_and_says_why(tmp_path, monkeypatch):
+    """The device step refused: the items that run it are skipped with the preflight's reason; the others run."""
+    monkeypatch.setattr(gpu_suite, "preflight_checks", lambda plan: [
+        gpu_suite.check("greedy on a fresh capture: the host loop's tokens", True, "equal"),
+        gpu_suite.check("greedy on a kept capture: the host loop's tokens", False, "row 1 differs from token 3")])
+    payload = gpu_suite.main(["--smoke", "--out", str(tmp_path), "--sections",
+                              "ar_batch1,cost_ratio,speculative,spec_acceptances,host_reads"])
+    why = "greedy on a kept capture: the host loop's tokens: row 1 differs from token 3"
+    assert payload["preflight"] == f"failed: {why}"
+    batch1 = {row["method"]: row for row in payload["tables"]["ar_batch1"]}
+    assert batch1["lean_compiled"]["tok_s"] is None and batch1["hf_static"]["tok_s"] > 0
+    assert payload["tables"]["speculative"] == [] and payload["spec_ks_measured"] is None
+    assert payload["draft_target_cost_ratio"] > 0  # timed uncaptured: not the device step
+    assert [row["step"] for row in payload["tables"]["host_reads"]] == ["host"]
+    sections = payload["sections"]
+    assert sections["ar_batch1"]["skipped"] == [f"skipped lean_compiled at batch 1 (first call): the preflight "
+                                                f"failed ({why})"]
+    assert sections["speculative"]["skipped"] == [f"skipped k = {k} at acceptance 0.7: the preflight failed "
+                                                  f"({why})" for k in SHORT.ks]
+    assert "failed: greedy on a kept capture" in (tmp_path / "gpu-cpu.md").read_text()
+
+
+def test_a_preflight_that_raises_fails_with_its_error(tmp_path, monkeypatch):
+    def broken(plan):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
+
+    monkeypatch.setattr(gpu_suite, "preflight_checks", broken)
+    payload = gpu_suite.main(["--smoke", "--out", str(tmp_path), "--sections", "host_reads"])
+    assert payload["preflight"] == ("failed: the checks ran: RuntimeError: CUDA error: operation not permitted when "
+                                    "stream is capturing")
+    assert payload["sections"]["preflight"]["status"] == "done" and payload["host_reads_per_step"] is None
+
+
+def test_both_files_are_written_after_every_item(tmp_path, monkeypatch):
+    """What the JSON said each time it was written: the k values measured grow one item at a time."""
+    written = []
+    write = gpu_suite.write
+
+    def recording_write(suite, path):
+        payload = write(suite, path)
+        assert json.loads(path.with_suffix(".json").read_text()) == json.loads(json.dumps(payload))
+        written.append(payload["spec_ks_measured"])
+        return payload
+
+    monkeypatch.setattr(gpu_suite, "write", recording_write)
+    gpu_suite.main(["--smoke", "--out", str(tmp_path), "--sections", "speculative"])
+    growing = [ks for index, ks in enumerate(written) if ks and ks != written[index - 1]]
+    assert growing == [list(SHORT.ks[: n]) for n in range(1, len(SHORT.ks) + 1)]
+
+
+def test_the_profile_traces_a_call_on_a_kept_capture(tmp_path):
+    payload = gpu_suite.main(["--smoke", "--profile", "4", "--out", str(tmp_path)])
+    [row] = payload["tables"]["profile"]
+    assert row["k"] == 4 and row["emitted"] == gpu_suite.PROFILE_NEW_TOKENS and row["target_forwards"] > 1
+    assert row["graph_launches"] == 0  # CPU: no graphs, no device kernels
+    with gzip.open(tmp_path / "trace-k4.json.gz") as trace:
+        assert json.load(trace)["traceEvents"]
+    assert (tmp_path / "profile-k4.md").exists() and (tmp_path / "profile-k4.json").exists()
+
+
+def test_the_step_timeline_counts_device_time_against_gaps_from_the_first_graph_launch():
+    events = [
+        {"cat": "kernel", "name": "prefill", "ts": 10, "dur": 50},  # before the first launch: not counted
+        {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 100, "dur": 5},
+        {"cat": "kernel", "name": "gemv", "ts": 110, "dur": 40},
+        {"cat": "kernel", "name": "attention", "ts": 150, "dur": 20},
+        {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 200, "dur": 5},
+        {"cat": "kernel", "name": "gemv", "ts": 210, "dur": 50},
+        {"cat": "gpu_memcpy", "name": "Memcpy DtoH", "ts": 255, "dur": 25},  # overlaps the gemv by 5
+        {"cat": "cpu_op", "name": "aten::copy_", "ts": 120, "dur": 300},
+    ]
+    timeline = step_timeline(events)
+    assert timeline["graph_launches"] == 2 and timeline["window_us"] == 180  # 100 .. 280
+    assert timeline["busy_us"] == 60 + 70 and timeline["gap_us"] == 50 and timeline["busy_share"] == round(130 / 180, 3)
+    assert timeline["step_us"] == 90 and timeline["kernel_us_per_step"] == 55 and timeline["kernels_per_step"] == 1.5
+    assert [(row["kernel"], row["count"], row["total_us"]) for row in timeline["top_kernels"]] == [
+        ("gemv", 2, 90), ("attention", 1, 20)]
+    assert step_timeline([{"cat": "cpu_op", "name": "x", "ts": 0, "dur": 1}])["busy_share"] is None
+    assert union_length([(0, 10), (5, 12), (20, 25)]) == 17
+
+
+def test_the_graph_counter_counts_captures_and_replays_and_puts_the_methods_back(monkeypatch):
+    graph = torch.cuda.CUDAGraph
+    monkeypatch.setattr(graph, "capture_begin", lambda self, *args, **kwargs: None)  # no CUDA here
+    monkeypatch.setattr(graph, "replay", lambda self: None)
+    plain = graph.capture_begin, graph.replay
+    fake = object.__new__(graph)
+    with GraphCounter(True) as graphs:
+        graph.capture_begin(fake)
+        for _ in range(3):
+            graph.replay(fake)
+    assert graphs.counts() == (1, 3) and (graph.capture_begin, graph.replay) == plain
+    with GraphCounter(False) as graphs:
+        graph.replay(fake)
+    assert graphs.counts() == (0, 0)
 
 
 # --- the budget logic ---------------------------------------------------------------------------------------------
