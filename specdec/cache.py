@@ -519,13 +519,15 @@ def width_dynamic(compiled):
     ``COMPILED_VARIANTS`` for the call only (the process's setting is left as it was). The width (n tokens fed, m
     logit columns) is what k changes: n = k + 2 and m = k + 1 when verifying k drafts, so one graph serves every k,
     and a captured step replays it at its own k. Widths 0 and 1 are specialised by torch whatever the marking, so
-    a one-token step (a drafter's, the autoregressive baseline's) keeps a static graph of its own."""
+    a one-token step (a drafter's, the autoregressive baseline's) keeps a static graph of its own. A call naming no
+    logit columns (a cost profile's) names them all, so it runs the graph its decode steps run."""
 
     def run(input_ids, positions, write_slots, attend, keys, values, logit_columns=None):
+        if logit_columns is None:  # every column, named: the graph of the decode steps, which always name theirs
+            logit_columns = torch.arange(input_ids.shape[1], device=input_ids.device)  # [n]
         for tensor in (input_ids, positions, write_slots, attend):  # [B, n] each; attend [B, n, S]
             torch._dynamo.maybe_mark_dynamic(tensor, 1)
-        if logit_columns is not None:
-            torch._dynamo.maybe_mark_dynamic(logit_columns, 0)  # [m]
+        torch._dynamo.maybe_mark_dynamic(logit_columns, 0)  # [m]
         limit = max(torch._dynamo.config.recompile_limit, COMPILED_VARIANTS)
         with torch._dynamo.config.patch(recompile_limit=limit):
             return compiled(input_ids, positions, write_slots, attend, keys, values, logit_columns)

@@ -10,6 +10,7 @@ from torch._dynamo.utils import counters
 import specdec
 from specdec import cache as cache_module
 from specdec.cache import COMPILED_VARIANTS, CachedModel
+from specdec.profile import time_forwards
 
 from conftest import left_pad, random_prompts, tiny_gpt2
 
@@ -20,7 +21,8 @@ def compilations() -> int:
 
 def test_a_compiled_generate_leaves_the_process_recompile_limit_as_it_was(monkeypatch):
     """A compiled baseline on the device step: eager decoding's greedy tokens, and the process's recompile limit
-    unchanged (it is raised inside our compiled calls only)."""
+    unchanged (it is raised inside our compiled calls only); a compiled cost profile of one token then compiles
+    nothing more."""
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 5)
     target = tiny_gpt2(1, layers=1)
     ids, mask = left_pad(random_prompts([6, 3], seed=4))
@@ -28,6 +30,10 @@ def test_a_compiled_generate_leaves_the_process_recompile_limit_as_it_was(monkey
     assert compiled.generate(ids, mask, max_new_tokens=8).tokens == specdec.Decoder(target).generate(
         ids, mask, max_new_tokens=8).tokens
     assert torch._dynamo.config.recompile_limit == 5
+    before = compilations()  # a cost profile names no logit columns: it runs the graph the decode steps compiled
+    with torch.inference_mode():  # as generate runs (and the GPU suite runs everything)
+        time_forwards(target, ids, [1], repeats=1, warmup=0, cache_layout="static", compile=True)
+    assert compilations() == before
 
 
 @pytest.mark.slow
@@ -79,5 +85,5 @@ def test_the_recompile_limit_is_raised_for_our_compiled_calls_only(monkeypatch):
     assert calls == [(COMPILED_VARIANTS, [{1}, {1}, {1}, {1}, {0}])]
     assert torch._dynamo.config.recompile_limit == 7
     with pytest.raises(RuntimeError, match="a compile that breaks"):
-        lean_cache.feed(torch.tensor([[7, 8]]))
-    assert len(calls) == 2 and torch._dynamo.config.recompile_limit == 7
+        lean_cache.feed(torch.tensor([[7, 8]]))  # no logit columns named: all of them, marked like the others
+    assert calls[1] == (COMPILED_VARIANTS, [{1}, {1}, {1}, {1}, {0}]) and torch._dynamo.config.recompile_limit == 7
