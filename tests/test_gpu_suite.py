@@ -74,7 +74,8 @@ def test_the_smoke_tables_hold_what_the_headline_is_read_from(smoke_run):
     best = max((row for row in spec if row["acceptance"] == 0.7), key=lambda row: row["speedup"])
     assert (payload["spec_speedup_a07_best"], payload["spec_speedup_a07_best_k"]) == (best["speedup"], best["k"])
     for row in spec:
-        assert row["measured_over_predicted"] == pytest.approx(row["decode_speedup"] / row["predicted"], abs=2e-3)
+        # both factors rounded to 3 decimals: a ratio near 2.5 carries ~0.2% from their rounding
+        assert row["measured_over_predicted"] == pytest.approx(row["decode_speedup"] / row["predicted"], rel=1e-2)
     batch1 = {row["method"]: row for row in tables["ar_batch1"]}
     assert set(batch1) == {*SMOKE.modes, *SMOKE.peers}
     assert payload["ar_batch1_tok_s"] == max(batch1[mode]["tok_s"] for mode in SMOKE.modes)
