@@ -41,8 +41,9 @@ FORWARDS = ("auto", "lean", "transformers")
 STATIC_CACHE_SLACK = 64  # spare static slots, so compaction is rare
 STATIC_CAPACITY_STEP = 256  # static capacities are multiples of this, so nearby needs share one compiled shape
 # Shapes one compiled lean forward may be specialised to. Every LeanForward call is one code object to dynamo, so
-# each (model, batch size, capacity, logits or none) a process runs is a variant: a drafter and a few capacities and
-# batch sizes pass dynamo's default of 8, past which it would silently run eager. Raised around our calls only.
+# each (model shape, batch size, capacity, one token or wider) a process runs is a variant: a drafter and a few
+# capacities and batch sizes pass dynamo's default of 8, past which it would silently run eager. Raised around our
+# calls only (``width_dynamic``).
 COMPILED_VARIANTS = 64
 
 
