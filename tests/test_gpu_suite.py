@@ -1,6 +1,7 @@
-"""experiments.gpu_suite: the smoke run on CPU (JSON keys, tables), the budget logic on a fake clock, failures
-recorded rather than fatal; and the device step its headline path runs, replayed under CUDA-graph semantics
-emulated on CPU."""
+"""experiments.gpu_suite: the short plan's smoke run on CPU (JSON keys, tables, the preflight), the budget logic on a
+fake clock, failures recorded rather than fatal, a failed preflight skipping the device step's items, the files
+written after every item, the profile's timeline; and the device step its headline path runs, replayed under
+CUDA-graph semantics emulated on CPU (the generator state a graph registers included)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class FakeClock:
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    """One smoke run of the short plan, every section but the study job (tests/test_gpu_suite.py's slow test runs that one), with a
+    """One smoke run of the short plan, every section but the study job (the slow test below runs that one), with a
     budget no loaded machine runs out of: what the budgets skip is tested on a fake clock below."""
     out = tmp_path_factory.mktemp("smoke")
     payload = gpu_suite.main(["--smoke", "--out", str(out), "--sections", ALL_BUT_STUDY, "--budget", "36000"])
