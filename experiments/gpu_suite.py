@@ -45,6 +45,7 @@ import datetime
 import gzip
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -1050,46 +1051,59 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """The arguments, each checked before anything loads: a refusal is one line and exit 2 (argparse's)."""
+    from specdec.models import PRESETS
+
     parser = argument_parser("experiments.gpu_suite", __doc__)
     parser.add_argument("--plan", choices=tuple(PLANS), default="short",
                         help="short: the headline in 8 minutes on an H100 (default); full: every figure")
     parser.add_argument("--smoke", action="store_true", help="the plan rehearsed on CPU with tiny models and budgets")
     parser.add_argument("--compile", action="store_true",
                         help="compile on CPU too (the smoke plan does not by default; it measures what a k compiles)")
-    parser.add_argument("--pair", default=None, help="the pair of the main sections: a load_pair preset or 'tiny' "
-                                                     "(default: the plan's)")
+    parser.add_argument("--pair", choices=("tiny", *PRESETS), default=None,
+                        help="the pair of the main sections: a load_pair preset or 'tiny' (default: the plan's)")
     parser.add_argument("--out", default=None,
                         help="directory for gpu-<kind>.md and .json (default docs/bench; --smoke: outputs/gpu_suite/)")
     parser.add_argument("--sections", type=names_from(SECTIONS, "sections"), default=None,
                         help="comma-separated sections to run after the preflight, in the plan's order (default: the "
                              "plan's)")
-    parser.add_argument("--budget", type=float, default=None, help="seconds for the whole suite (default: the plan's)")
-    parser.add_argument("--profile", type=int, default=None, metavar="K",
+    parser.add_argument("--budget", type=positive_seconds, default=None,
+                        help="seconds for the whole suite (default: the plan's)")
+    parser.add_argument("--profile", type=k_to_profile, default=None, metavar="K",
                         help="instead of the suite: a torch.profiler trace of a call on a kept capture at this k")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        parser.error("the GPU suite needs CUDA (torch sees no GPU); --smoke runs it on CPU")
+    return args
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0 or math.isinf(seconds):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return seconds
+
+
+def k_to_profile(text: str) -> int:
+    if not text.strip().isdigit() or not 1 <= int(text) <= 16:
+        raise argparse.ArgumentTypeError(f"expected a k from 1 to 16, got {text!r}")
+    return int(text)
 
 
 def plan_from(args: argparse.Namespace) -> Plan:
-    """The plan the arguments ask for, checked before anything loads."""
-    from specdec.models import PRESETS
-
+    """The plan the (checked) arguments ask for."""
     plan = smoke(PLANS[args.plan]) if args.smoke else PLANS[args.plan]
     if args.budget is not None:
-        if not args.budget > 0:
-            raise SystemExit(f"--budget must be a positive number of seconds, got {args.budget}")
         plan = replace(plan, budget_seconds=args.budget)
     if args.pair is not None:
-        if args.pair not in ("tiny", *PRESETS):
-            raise SystemExit(f"--pair must be 'tiny' or one of {', '.join(PRESETS)}, got {args.pair!r}")
         plan = replace(plan, pair=args.pair)
-    if args.profile is not None and not 1 <= args.profile <= 16:
-        raise SystemExit(f"--profile takes a k from 1 to 16, got {args.profile}")
     if args.compile:
         plan = replace(plan, compile=True)
     if args.sections is not None:
         plan = replace(plan, sections=tuple(name for name in plan.sections if name in args.sections))
-    if plan.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("the GPU suite needs CUDA (torch sees no GPU); --smoke runs it on CPU")
     return plan
 
 

@@ -105,19 +105,26 @@ def test_a_failing_section_is_recorded_and_the_next_one_runs(tmp_path, monkeypat
     assert list(payload["sections"]) == ["preflight", "bandwidth", "host_reads"]  # --sections left the others out
 
 
-def test_unknown_sections_budgets_pairs_and_ks_are_refused_in_one_line(capsys):
-    with pytest.raises(SystemExit):
-        gpu_suite.parse_args(["--sections", "bandwidth,warp_speed"])
-    assert "expected comma-separated sections from preflight, bandwidth, ar_batch1" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        gpu_suite.parse_args(["--plan", "medium"])
-    assert "invalid choice: 'medium'" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="--budget must be a positive number of seconds, got -5.0"):
-        gpu_suite.main(["--smoke", "--budget", "-5"])
-    with pytest.raises(SystemExit, match="--pair must be 'tiny' or one of embedded, .*got 'gpt5'"):
-        gpu_suite.main(["--smoke", "--pair", "gpt5"])
-    with pytest.raises(SystemExit, match="--profile takes a k from 1 to 16, got 0"):
-        gpu_suite.main(["--smoke", "--profile", "0"])
+@pytest.mark.parametrize("arguments, message", [
+    (["--sections", "bandwidth,warp_speed"], "--sections: expected comma-separated sections from preflight, bandwidth"),
+    (["--plan", "medium"], "--plan: invalid choice: 'medium'"),
+    (["--budget", "-5"], "--budget: expected a positive number of seconds, got '-5'"),
+    (["--budget", "nan"], "--budget: expected a positive number of seconds, got 'nan'"),
+    (["--pair", "gpt5"], "--pair: invalid choice: 'gpt5'"),
+    (["--profile", "0"], "--profile: expected a k from 1 to 16, got '0'"),
+])
+def test_bad_arguments_are_refused_in_one_line_with_exit_2(arguments, message, capsys):
+    with pytest.raises(SystemExit) as refused:
+        gpu_suite.main(["--smoke", *arguments])
+    assert refused.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA runs the GPU plans")
+def test_the_gpu_plans_refuse_a_machine_without_cuda(capsys):
+    with pytest.raises(SystemExit) as refused:
+        gpu_suite.main(["--out", "/tmp/never-written"])
+    assert refused.value.code == 2
+    assert "the GPU suite needs CUDA (torch sees no GPU); --smoke runs it on CPU" in capsys.readouterr().err
 
 
 def test_a_failed_preflight_skips_every_device_step_item_and_says_why(tmp_path, monkeypatch):
