@@ -42,8 +42,9 @@ FORWARDS = ("auto", "lean", "transformers")
 STATIC_CACHE_SLACK = 64  # spare static slots, so compaction is rare
 STATIC_CAPACITY_STEP = 256  # static capacities are multiples of this, so nearby needs share one compiled shape
 # Shapes one compiled lean forward may be specialised to. Every LeanForward call is one code object to dynamo, so
-# each (model, width, span) a process runs is a variant: a k sweep with a draft and a few capacities passes
-# dynamo's default of 8, past which it would silently run eager.
+# each (model shape, batch size, capacity, one token or wider) a process runs is a variant: a drafter and a few
+# capacities and batch sizes pass dynamo's default of 8, past which it would silently run eager. Raised around our
+# calls only (``width_dynamic``).
 COMPILED_VARIANTS = 64
 
 
@@ -533,11 +534,11 @@ class CachedModel:
         return DynamicMaskedCache(self, batch_size, device)
 
     def compiled_forward(self):
-        """The forward compiled once for this owner (lean: inductor alone; transformers': CUDA graphs on CUDA)."""
+        """The forward compiled once for this owner (lean: inductor alone, one graph for every step width
+        (``width_dynamic``); transformers': CUDA graphs on CUDA)."""
         if self.compiled is None:
             if self.is_lean:
-                torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_VARIANTS)
-                self.compiled = torch.compile(self.lean, fullgraph=True, dynamic=False)
+                self.compiled = width_dynamic(torch.compile(self.lean, fullgraph=True, dynamic=False))
             else:
                 cuda = next(self.model.parameters()).device.type == "cuda"
                 self.compiled = torch.compile(self.model, mode="reduce-overhead" if cuda else "default")
@@ -595,3 +596,24 @@ class CachedModel:
         """Free the pooled buffers and the compiled forward (the next call allocates and compiles again)."""
         self.pool.clear()
         self.compiled = None
+
+
+def width_dynamic(compiled):
+    """A compiled lean forward called with the step's width dynamic and dynamo's recompile limit raised to
+    ``COMPILED_VARIANTS`` for the call only (the process's setting is left as it was). The width (n tokens fed, m
+    logit columns) is what k changes: n = k + 2 and m = k + 1 when verifying k drafts, so one graph serves every k,
+    and a captured step replays it at its own k. Widths 0 and 1 are specialised by torch whatever the marking, so
+    a one-token step (a drafter's, the autoregressive baseline's) keeps a static graph of its own. A call naming no
+    logit columns (a cost profile's) names them all, so it runs the graph its decode steps run."""
+
+    def run(input_ids, positions, write_slots, attend, keys, values, logit_columns=None):
+        if logit_columns is None:  # every column, named: the graph of the decode steps, which always name theirs
+            logit_columns = torch.arange(input_ids.shape[1], device=input_ids.device)  # [n]
+        for tensor in (input_ids, positions, write_slots, attend):  # [B, n] each; attend [B, n, S]
+            torch._dynamo.maybe_mark_dynamic(tensor, 1)
+        torch._dynamo.maybe_mark_dynamic(logit_columns, 0)  # [m]
+        limit = max(torch._dynamo.config.recompile_limit, COMPILED_VARIANTS)
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            return compiled(input_ids, positions, write_slots, attend, keys, values, logit_columns)
+
+    return run

@@ -258,8 +258,8 @@ def within(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tenso
 
 
 def carry_random_stream(source: torch.Generator, target: torch.Generator) -> None:
-    """Let ``target`` go on where ``source``'s random stream stands (graph-safely for a captured CUDA generator)."""
-    if source.device.type == "cuda":
-        target.graphsafe_set_state(source.graphsafe_get_state())
-    else:
-        target.set_state(source.get_state())
+    """Let ``target`` go on where ``source``'s random stream stands: ``source``'s state copied by value into the
+    state ``target`` holds, the one a CUDA graph registered at its capture replays (and advances). So a call on a
+    kept capture draws its own seed's stream. (``graphsafe_set_state`` would re-point ``target`` at ``source``'s
+    state instead, while the graph went on drawing from the state it registered: the last call's stream.)"""
+    target.set_state(source.get_state())

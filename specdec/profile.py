@@ -45,7 +45,9 @@ def time_forwards(model: torch.nn.Module, prompt: torch.Tensor, widths, repeats:
                              fixed_span=captured)
     with torch.no_grad():
         fill(cache, prompt)
-        run = {n: (lambda n=n: forward_and_forget(cache, prompt[:, :n])) for n in widths}
+        # Each width's tokens made once, laid out as a decode step's (a slice's strides would compile another graph)
+        run = {n: (lambda tokens=prompt[:, :n].clone(memory_format=torch.contiguous_format): forward_and_forget(
+            cache, tokens)) for n in widths}
         if captured:
             run = {n: captured_replay(step, prompt.device) for n, step in run.items()}
         samples = {n: [] for n in widths}
