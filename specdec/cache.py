@@ -606,14 +606,17 @@ def width_dynamic(compiled):
     a one-token step (a drafter's, the autoregressive baseline's) keeps a static graph of its own. A call naming no
     logit columns (a cost profile's) names them all, so it runs the graph its decode steps run."""
 
-    def run(input_ids, positions, write_slots, attend, keys, values, logit_columns=None):
+    def run(input_ids, positions, write_slots, attend, keys, values, logit_columns=None, hidden_layers=(),
+            features=None):
         if logit_columns is None:  # every column, named: the graph of the decode steps, which always name theirs
             logit_columns = torch.arange(input_ids.shape[1], device=input_ids.device)  # [n]
-        for tensor in (input_ids, positions, write_slots, attend):  # [B, n] each; attend [B, n, S]
+        widths = [input_ids, positions, write_slots, attend] + ([] if features is None else [features])
+        for tensor in widths:  # [B, n] each; attend [B, n, S]; features [B, n, F]
             torch._dynamo.maybe_mark_dynamic(tensor, 1)
         torch._dynamo.maybe_mark_dynamic(logit_columns, 0)  # [m]
         limit = max(torch._dynamo.config.recompile_limit, COMPILED_VARIANTS)
         with torch._dynamo.config.patch(recompile_limit=limit):
-            return compiled(input_ids, positions, write_slots, attend, keys, values, logit_columns)
+            return compiled(input_ids, positions, write_slots, attend, keys, values, logit_columns, hidden_layers,
+                            features)
 
     return run

@@ -66,13 +66,14 @@ def test_the_recompile_limit_is_raised_for_our_compiled_calls_only(monkeypatch):
     def fake_compile(forward, **options):
         options_seen.append(options)
 
-        def run(input_ids, positions, write_slots, attend, keys, values, logit_columns):
+        def run(input_ids, positions, write_slots, attend, keys, values, logit_columns, hidden_layers, features):
             calls.append((torch._dynamo.config.recompile_limit,
                           [getattr(tensor, "_dynamo_weak_dynamic_indices", set())
                            for tensor in (input_ids, positions, write_slots, attend, logit_columns)]))
             if input_ids.shape[1] == 2:
                 raise RuntimeError("a compile that breaks")
-            return forward(input_ids, positions, write_slots, attend, keys, values, logit_columns)
+            return forward(input_ids, positions, write_slots, attend, keys, values, logit_columns, hidden_layers,
+                           features)
         return run
 
     monkeypatch.setattr(cache_module.torch, "compile", fake_compile)
