@@ -524,11 +524,11 @@ def test_wandb_logger_disabled_mode_needs_no_account(tmp_path):
 
 
 def test_summary_statistics():
-    means = summarize_rows([{"acceptance_rate": v, "prompt_id": str(i)} for i, v in enumerate([0.25, 0.5, 0.75, None])])
-    metric = means["metrics"]["acceptance_rate"]
-    assert (metric["mean"], metric["n"]) == (0.5, 3)
-    assert metric["ci_high"] - 0.5 == pytest.approx(4.3026527 * 0.25 / 3**0.5)  # t_{0.975, 2}
-    one = summarize_rows([{"acceptance_rate": 0.5, "prompt_id": "a"}])["metrics"]["acceptance_rate"]
+    means = summarize_rows([{"speedup": v, "prompt_id": str(i)} for i, v in enumerate([1.0, 2.0, 3.0, None])])
+    metric = means["metrics"]["speedup"]
+    assert (metric["mean"], metric["n"]) == (2.0, 3)
+    assert metric["ci_high"] - 2.0 == pytest.approx(4.3026527 * 1.0 / 3**0.5)  # t_{0.975, 2}
+    one = summarize_rows([{"speedup": 2.0, "prompt_id": "a"}])["metrics"]["speedup"]
     assert math.isnan(one["ci_low"])  # no interval from one prompt
 
 
