@@ -33,7 +33,7 @@ from urllib.parse import urlparse
 from hydra.errors import InstantiationException
 from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 import specdec
@@ -475,6 +475,7 @@ class CheckLaunch(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         exit_on_config_error(lambda: check_sweep(config))
+        exit_on_config_error(lambda: check_sweep_jobs(config))
 
 
 def exit_on_config_error(check: Callable[[], None]) -> None:
@@ -501,3 +502,62 @@ def check_sweep(cfg: DictConfig) -> None:
         raise ConfigError(f"hydra.launcher.signal_delay_s={signal_delay_s} is not allowed: the signal must come "
                           f"before the time limit (hydra.launcher.timeout_min={timeout_min} minutes), or every "
                           f"job is requeued as it starts")
+
+
+def sweep_jobs(config: DictConfig) -> list[list[str]]:
+    """The overrides of each job the basic sweeper will launch, in its order: its ``hydra.sweeper.params``, then the
+    command line's, crossed (``BasicSweeper.split_arguments``). Another sweeper (one that chooses its jobs as it
+    goes) gives none."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith("BasicSweeper"):
+        return []
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    arguments = [f"{key}={value}" for key, value in params.items()] + list(config.hydra.overrides.task)
+    parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    [jobs] = BasicSweeper.split_arguments(parser.parse_overrides(arguments), None)
+    return jobs
+
+
+def runs_elsewhere(config: DictConfig) -> bool:
+    """Whether the sweep's jobs run on other machines (SLURM), whose devices this one cannot see."""
+    return "slurm" in str(OmegaConf.select(config, "hydra.launcher._target_", default="")).lower()
+
+
+def check_sweep_jobs(config: DictConfig) -> None:
+    """Every job of a sweep composed and checked (``validate``: keys, values, parts, the pair without its weights,
+    the prompts) before any job is launched: a setting that fails stops the sweep in one line, which says whether
+    every job fails so or names the first job that does; a sweep whose every job would be skipped stops too. Jobs
+    sent to other machines (SLURM) are not checked for a device this machine lacks."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    jobs = sweep_jobs(config)
+    loader = GlobalHydra.instance().config_loader()
+    failures, skipped = [], []
+    for number, overrides in enumerate(jobs):
+        job = loader.load_sweep_config(master_config=config, sweep_overrides=list(overrides))
+        with open_dict(job):
+            del job["hydra"]
+            if runs_elsewhere(config) and job.device in ("cuda", "mps"):
+                job.device = "auto"  # present on the machine the job runs on, or refused there in one line
+        try:
+            skipped.append(validate(job)[1])
+        except ConfigError as err:
+            failures.append((number, overrides, str(err)))
+    if failures:
+        messages = {message for _, _, message in failures}
+        if len(failures) == len(jobs) and len(messages) == 1:
+            raise ConfigError(f"{messages.pop()} (every one of the sweep's {len(jobs)} jobs; none was launched)")
+        number, overrides, message = failures[0]
+        raise ConfigError(f"job {number} ({' '.join(varying(jobs, overrides))}): {message} ({len(failures)} of the "
+                          f"sweep's {len(jobs)} jobs fail; none was launched)")
+    if jobs and all(skipped):
+        raise ConfigError(f"every one of the sweep's {len(jobs)} jobs would be skipped ({skipped[0]}); none was "
+                          "launched")
+
+
+def varying(jobs: list[list[str]], overrides: list[str]) -> list[str]:
+    """The overrides of one job that tell it apart from the sweep's other jobs."""
+    return [override for override in overrides if any(override not in other for other in jobs)]
