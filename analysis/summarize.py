@@ -178,8 +178,9 @@ def determined_by(summary: pd.DataFrame, a: str, b: str) -> bool:
 def plot_axes(summary: pd.DataFrame, x: str | None = None, hue: str | None = None) -> tuple[str, list[str]]:
     """The axis a sweep's plots and pivots run along, and the settings they draw apart (the hue).
 
-    x: ``x`` if given; else k where k varies; else the first numeric setting that varies (temperature, a
-    strategy's lenience, batch size, ...); else the first setting that varies; else k. The hue: ``hue`` if given,
+    x: ``x`` if given; else k where k varies; else the first numeric setting that varies and holds a value for
+    every run (temperature, a strategy's lenience, batch size, ...; not a parameter only some options have); else
+    the first setting that varies; else k. The hue: ``hue`` if given,
     else every other varying setting that is not x under another name (a temperature sweep's sampling label is its
     temperature in words). A name the summary lacks is one ResultsError listing what varies.
     """
@@ -190,7 +191,8 @@ def plot_axes(summary: pd.DataFrame, x: str | None = None, hue: str | None = Non
                                f"{', '.join(axes) or 'none'}")
     if x is None:
         numeric = [column for column in config_columns(summary) if summary[column].nunique(dropna=False) > 1
-                   and pd.api.types.is_numeric_dtype(summary[column]) and not pd.api.types.is_bool_dtype(summary[column])]
+                   and summary[column].notna().all() and pd.api.types.is_numeric_dtype(summary[column])
+                   and not pd.api.types.is_bool_dtype(summary[column])]
         x = "k" if "k" in axes else (numeric or axes or ["k"])[0]
     if hue is not None:
         return x, [hue] if hue != x else []

@@ -287,8 +287,10 @@ def format_table(summary: dict, title: str) -> str:
     """The run summary as a short fixed-width table: each metric pooled over the prompts (with its bootstrap
     interval) beside its per-prompt mean (with its t interval), and the prompts too short to time, named."""
     def bounds(low, high, n) -> str:
-        if n < MIN_PROMPTS_FOR_INTERVAL or low is None or not math.isfinite(low):
-            return f"n/a (< {MIN_PROMPTS_FOR_INTERVAL} prompts)" if n < MIN_PROMPTS_FOR_INTERVAL else "n/a"
+        if 0 < n < MIN_PROMPTS_FOR_INTERVAL:
+            return f"n/a (< {MIN_PROMPTS_FOR_INTERVAL} prompts)"
+        if low is None or not math.isfinite(low):
+            return "n/a"
         return f"[{low:.3f}, {high:.3f}]"
 
     def number(value) -> str:

@@ -8,6 +8,7 @@ with another prompt's text. ``id`` is the name the set gives a prompt, or its ha
 """
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def load_suite(name: str, sets: list[str], categories: dict[str, str] | None = N
     prompt whose set gives it no category takes ``categories[set]`` (e.g. {"embedded_heldout": "prose"})."""
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"name must be a non-empty string naming the suite, got {name!r}")
-    if isinstance(sets, str) or not isinstance(sets, (list, tuple)) or not sets:
+    if isinstance(sets, str) or not isinstance(sets, Sequence) or not sets:
         raise ValueError(f"sets must be a non-empty list of prompt sets, got {sets!r}")
     if per_set is not None and (isinstance(per_set, bool) or not isinstance(per_set, int) or per_set < 1):
         raise ValueError(f"per_set must be an integer >= 1 or None, got {per_set!r}")
