@@ -162,6 +162,11 @@ def label(run: pd.Series, axes: list[str]) -> str:
     return setting_label(run, axes) + (" (partial run)" if run["partial"] else "")
 
 
+def table_label(run: pd.Series, axes: list[str]) -> str:
+    """A run's label in a table without a lossless column: marked where its rule is lossy."""
+    return label(run, axes) + (" (lossy)" if lossless_kind(run.get("lossless")) is False else "")
+
+
 def header(paths: list[str], frame: pd.DataFrame, summary: pd.DataFrame, jobs: list[UnfinishedJob],
            runs: list[RunRows]) -> str:
     lines = [
@@ -418,7 +423,7 @@ def category_section(frame: pd.DataFrame, summary: pd.DataFrame, out_dir: Path) 
     if "category" not in frame or not frame["category"].notna().any():
         return ""
     axes = label_axes(summary)
-    labels = {run["run_dir"]: label(run, axes) for _, run in summary.iterrows()}
+    labels = {run["run_dir"]: table_label(run, axes) for _, run in summary.iterrows()}
     categories = sorted(frame["category"].dropna().unique())
     records = []
     for run_dir, rows in frame.groupby("run_dir", sort=False):
@@ -456,7 +461,8 @@ def systems_section(summary: pd.DataFrame) -> str:
         record = {axis: format_value(value) for axis, value in zip(axes, key if isinstance(key, tuple) else (key,))}
         for system in ["specdec", *others]:
             run = by_system.get(system)
-            record[f"{system} tok/s"] = with_pooled_ci(run, "spec_tokens_per_s") if run is not None else ""
+            lossy = " (lossy)" if run is not None and lossless_kind(run.get("lossless")) is False else ""
+            record[f"{system} tok/s"] = with_pooled_ci(run, "spec_tokens_per_s") + lossy if run is not None else ""
             record[f"{system} speedup"] = with_pooled_ci(run, "speedup") if run is not None else ""
             if run is not None and not math.isnan(run["identical_outputs"]):
                 record[f"{system} identical to baseline"] = format_share(run["identical_outputs"])
@@ -491,7 +497,7 @@ def tree_section(frame: pd.DataFrame, summary: pd.DataFrame) -> str:
     verified = (runs["drafted"] / runs["target_calls"]).reindex(summary["run_dir"]).to_numpy()  # per run
     axes = label_axes(summary)
     table = pd.DataFrame({
-        "setting": [label(run, axes) for _, run in summary.iterrows()],
+        "setting": [table_label(run, axes) for _, run in summary.iterrows()],
         "drafted per call": [format_cell(v) for v in verified],
         "τ (tokens/target call)": [with_pooled_ci(run, "mean_accepted_length") for _, run in summary.iterrows()],
         "speedup": [with_pooled_ci(run, "speedup") for _, run in summary.iterrows()],
@@ -508,7 +514,7 @@ def acceptance_section(summary: pd.DataFrame) -> str:
     definitions = pd.DataFrame(DEFINITIONS, columns=["ours", "definition", "vLLM", "Spec-Bench"])
     axes = label_axes(summary)
     table = pd.DataFrame({
-        "setting": [label(run, axes) for _, run in summary.iterrows()],
+        "setting": [table_label(run, axes) for _, run in summary.iterrows()],
         "τ (our AL)": [with_ci(run, "mean_accepted_length") for _, run in summary.iterrows()],
         "vLLM AL": [with_ci(run, "vllm_acceptance_length") for _, run in summary.iterrows()],
         "acceptance rate": [with_ci(run, "acceptance_rate") for _, run in summary.iterrows()],

@@ -458,6 +458,7 @@ def test_report_writes_markdown_tables_and_plots(sweep, tmp_path, capsys):
     assert "1.27× the next lossy (strategy=typical, k=2: 1.50×)" in report
     assert "**Partial run**" in report and str((sweep / "4").resolve()) in report
     assert "| strategy | lossless | k=2 | k=4 | k=6 |" in report and "| typical | no | 1.5 | 1.9 | 1.15 |" in report
+    assert "| strategy=typical, k=4 (lossy) |" in report and "| strategy=speculative, k=4 |" in report  # every table
 
 
 def test_report_defaults_to_the_first_dir_and_handles_a_single_run(tmp_path):
