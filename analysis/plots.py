@@ -120,7 +120,7 @@ def plot_per_position(data: pd.DataFrame, path: str | Path, x: str | None = None
         ax.set_xticks(range(1, longest + 1))
         ax.legend(fontsize="small", loc="lower left")
     label_first_column(grid, "P(token i accepted | tokens 1..i-1 accepted)")
-    fig.suptitle(title(summary, "Per-position acceptance (pooled over prompts, 95% bootstrap CI; n = verified at i = 1)"))
+    fig.suptitle(title(summary, "Per-position acceptance (pooled, 95% bootstrap CI; n = verified at i = 1)"))
     return save(fig, path)
 
 

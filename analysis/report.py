@@ -32,7 +32,14 @@ from analysis.load import (
 from analysis.plots import (
     plot_accepted_histogram, plot_acceptance, plot_per_position, plot_speedup, plot_throughput,
 )
-from analysis.summarize import format_value, plot_axes, setting_label, summarize_runs, varying_axes
+from analysis.summarize import (
+    format_value,
+    none_for_nan,
+    plot_axes,
+    setting_label,
+    summarize_runs,
+    varying_axes,
+)
 from analysis.tables import format_cell, pivot_metric, to_markdown
 from specdec.results import (
     INTERVAL_METRICS,
@@ -335,7 +342,8 @@ def summary_section(summary: pd.DataFrame) -> str:
     if "hosts" in summary and len(set(", ".join(summary["hosts"]).split(", "))) > 1:
         table["hosts"] = summary["hosts"]
     return ("## Runs\n\nPooled: totals over a run's prompts (speedup: total baseline seconds per token over total "
-            "speculative seconds per token; acceptance: total accepted over total drafted; τ: total emitted over total "
+            "speculative seconds per token; acceptance: total accepted over total drafted; τ: total emitted over "
+            "total "
             "target calls) [95% bootstrap interval over prompts]. Per-prompt mean: the mean of each prompt's ratio "
             "[95% Student t interval], without the prompts too short to time (`too short`). Predicted speedup from "
             "the pooled acceptance rate and mean cost ratio (Leviathan et al., 2023). Identical outputs: the share "
@@ -429,14 +437,14 @@ def category_section(frame: pd.DataFrame, summary: pd.DataFrame, out_dir: Path) 
     for run_dir, rows in frame.groupby("run_dir", sort=False):
         for category in [*categories, "overall"]:
             chosen = rows if category == "overall" else rows[rows["category"] == category]
-            row_dicts = [{key: value for key, value in row.items() if not (isinstance(value, float) and math.isnan(value))}
-                         for row in chosen.to_dict("records")]
+            row_dicts = [{key: none_for_nan(value) for key, value in row.items()} for row in chosen.to_dict("records")]
             records.append({"setting": labels[run_dir], "category": category, "prompts": len(row_dicts),
                             **{metric: pooled_figure(row_dicts, metric)["value"] for metric in CATEGORY_METRICS}})
     long = pd.DataFrame(records)
     long.to_csv(out_dir / "categories.csv", index=False)
+    prompts = frame.drop_duplicates("prompt_id")["category"].value_counts()
     parts = ["## Per category\n\nEach run's figures pooled over the prompts of each category (`overall`: all of "
-             f"them); prompts per category: {', '.join(f'{c} {int((frame[frame.run_dir == frame.run_dir.iloc[0]].category == c).sum())}' for c in categories)}. "
+             f"them); prompts per category: {', '.join(f'{c} {prompts.get(c, 0)}' for c in categories)}. "
              "CSV: `categories.csv`.\n"]
     for metric, name in CATEGORY_METRICS.items():
         table = long.pivot_table(index="setting", columns="category", values=metric, sort=False)
@@ -468,7 +476,8 @@ def systems_section(summary: pd.DataFrame) -> str:
                 record[f"{system} identical to baseline"] = format_share(run["identical_outputs"])
         for system in others:
             run = by_system.get(system)
-            ratio = (ours["speedup_pooled"] / run["speedup_pooled"]) if ours is not None and run is not None else math.nan
+            both = ours is not None and run is not None
+            ratio = ours["speedup_pooled"] / run["speedup_pooled"] if both else math.nan
             record[f"ours / {system}"] = "" if math.isnan(ratio) else f"{ratio:.2f}×"
         records.append(record)
     settings = "; ".join(sorted({str(value) for value in summary["system_settings"].dropna()}))

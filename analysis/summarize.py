@@ -103,7 +103,8 @@ def pooled_columns(rows: pd.DataFrame) -> dict:
     positions = figures["per_position_acceptance"]
     identical = [row.get("identical_output") for row in records if isinstance(row.get("identical_output"), bool)]
     return columns | {
-        "accepted_histogram": figures["accepted_histogram"], "short_prompts": len(short), "short_prompt_ids": ", ".join(short),
+        "accepted_histogram": figures["accepted_histogram"], "short_prompts": len(short),
+        "short_prompt_ids": ", ".join(short),
         "per_position_pooled": [p["value"] for p in positions], "per_position_ci_low": [p["ci_low"] for p in positions],
         "per_position_ci_high": [p["ci_high"] for p in positions],
         "per_position_attempts": [p["attempts"] for p in positions],

@@ -374,7 +374,8 @@ def hub_unreachable() -> str | None:
     except OSError as err:
         hub.HF_HUB_OFFLINE = True
         os.environ["HF_HUB_OFFLINE"] = "1"
-        why = f"no answer in {HUB_PROBE_SECONDS:g} s" if isinstance(err, TimeoutError) else one_line(err.strerror or err)
+        why = (f"no answer in {HUB_PROBE_SECONDS:g} s" if isinstance(err, TimeoutError)
+               else one_line(err.strerror or err))
         return f"{address.hostname}:{port}: {why}"
     return None
 

@@ -247,7 +247,8 @@ def transformers_generate(target: torch.nn.Module, draft: torch.nn.Module, batch
     ids = torch.tensor(batch, device=target.device)  # [1, T]
     sampling = dict(do_sample=False)
     if temperature:
-        sampling = dict(do_sample=True, temperature=temperature, top_k=top_k or 0, top_p=1.0 if top_p is None else top_p)
+        sampling = dict(do_sample=True, temperature=temperature, top_k=top_k or 0,
+                        top_p=1.0 if top_p is None else top_p)
         if min_p is not None:
             sampling["min_p"] = min_p
     length = dict(max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)

@@ -300,8 +300,10 @@ def format_table(summary: dict, title: str) -> str:
                     f"{'95% CI (t)':<21} {'n':>4}"]
     for name in INTERVAL_METRICS:
         mean, pooled = summary["metrics"][name], summary["pooled"].get(name)
-        pooled_cells = (f"{number(pooled['value']):>9}   {bounds(pooled['ci_low'], pooled['ci_high'], pooled['prompts']):<21}"
-                        if pooled else f"{'':>9}   {'':<21}")
+        pooled_cells = f"{'':>9}   {'':<21}"
+        if pooled:
+            interval = bounds(pooled["ci_low"], pooled["ci_high"], pooled["prompts"])
+            pooled_cells = f"{number(pooled['value']):>9}   {interval:<21}"
         lines.append(f"{name:<22} {pooled_cells} {number(mean['mean']):>15}   "
                      f"{bounds(mean['ci_low'], mean['ci_high'], mean['n']):<21} {mean['n']:>4}")
     short = summary["short_prompts"]

@@ -455,7 +455,8 @@ def pooled_per_position(rows: list[dict]) -> list[dict]:
     import numpy as np
 
     counted = [(row["per_position_accepted"], row["per_position_attempts"]) for row in rows
-               if isinstance(row.get("per_position_accepted"), list) and isinstance(row.get("per_position_attempts"), list)]
+               if isinstance(row.get("per_position_accepted"), list)
+               and isinstance(row.get("per_position_attempts"), list)]
     width = max((len(attempts) for _, attempts in counted), default=0)
     if not width:
         return []

@@ -66,7 +66,8 @@ def test_the_walkthrough_runs_as_written_and_its_report_names_the_parts(walkthro
 
     main([*by_target, *size, f"hydra.run.dir={tmp_path / 'strategy'}"], monkeypatch)
     rows = rows_of(tmp_path / "strategy")
-    assert {(row["strategy"], row["lossless"], row["strategy_threshold"]) for row in rows} == {("threshold", False, 0.2)}
+    assert {(row["strategy"], row["lossless"], row["strategy_threshold"]) for row in rows} == {
+        ("threshold", False, 0.2)}
     assert all(isinstance(row["log_likelihood"], float) and row["log_likelihood"] < 0 for row in rows)
 
     main([*by_targets, *size, f"hydra.run.dir={tmp_path / 'parts'}"], monkeypatch)

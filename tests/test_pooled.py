@@ -81,7 +81,7 @@ def test_short_prompts_are_counted_named_and_left_out_of_the_per_prompt_timings(
              timed_row("eos", 0.01, 0.01, 2, baseline_emitted=1) | {"speedup": 0.5}]  # the baseline said EOS at once
     assert [too_short(row) for row in long_rows + short] == [False] * 3 + [True, True]
     summary = summarize_rows(long_rows + short)
-    assert summary["short_prompts"] == {"count": 2, "prompt_ids": ["short", "eos"], "rule": summary["short_prompts"]["rule"]}
+    assert summary["short_prompts"]["count"] == 2 and summary["short_prompts"]["prompt_ids"] == ["short", "eos"]
     assert summary["metrics"]["speedup"]["mean"] == 2.0 and summary["metrics"]["speedup"]["n"] == 3
     assert summary["metrics"]["acceptance_rate"]["n"] == 0  # no acceptance_rate column here: nothing to mean
     assert summary["pooled"]["speedup"]["prompts"] == 5  # pooled: every prompt, by its tokens and time
@@ -118,4 +118,5 @@ def test_the_report_names_the_prompts_too_short_to_time(tmp_path):
     run = write_run(tmp_path / "run", rows)
     assert report_main([str(run)]) == 0
     report = (run / "report.md").read_text()
-    assert "- **Too short to time:** 1 of 4 (run, prompt) rows" in report and "strategy=speculative, k=4: tiny" in report
+    assert "- **Too short to time:** 1 of 4 (run, prompt) rows" in report
+    assert "strategy=speculative, k=4: tiny" in report

@@ -145,7 +145,8 @@ def test_pooled_metrics_follow_row_stats():
     assert figures["acceptance_rate"]["value"] == totals.acceptance_rate
     assert figures["mean_accepted_length"]["value"] == totals.mean_accepted_length
     assert (figures["emitted"], figures["baseline_emitted"]) == (13, 9)
-    assert math.isnan(pooled([{"emitted": 1, "drafted": 0, "accepted": 0, "target_calls": 1}])["acceptance_rate"]["value"])
+    nothing_drafted = pooled([{"emitted": 1, "drafted": 0, "accepted": 0, "target_calls": 1}])
+    assert math.isnan(nothing_drafted["acceptance_rate"]["value"])
 
 
 def test_outputs_say_whether_the_runs_agree_only_where_they_must():

@@ -29,7 +29,8 @@ def test_ours_against_hf_assisted_at_the_same_algorithm_is_a_report_table(tiny, 
     equal our baseline's, its rows name its settings, and the report compares the systems per k."""
     sweep_dir = tmp_path / "sweep"
     main(["-m", "system=specdec,hf_assisted", "draft_length.k=2,4",
-          *tiny_overrides(tiny, num_prompts=3, max_new_tokens=8, warmup=1), f"hydra.sweep.dir={sweep_dir}"], monkeypatch)
+          *tiny_overrides(tiny, num_prompts=3, max_new_tokens=8, warmup=1), f"hydra.sweep.dir={sweep_dir}"],
+         monkeypatch)
     runs = {(rows[0]["system"], rows[0]["k"]): rows for rows in map(rows_of, job_dirs(sweep_dir))}
     assert set(runs) == {(system, k) for system in ("specdec", "hf_assisted") for k in (2, 4)}
     for (system, k), rows in runs.items():
@@ -54,7 +55,8 @@ def test_hf_generate_decodes_the_targets_own_greedy_tokens_one_forward_each(tiny
     runner.run(*compose_run([*tiny_overrides(tiny, num_prompts=2, max_new_tokens=6, warmup=0), "system=hf_generate"],
                             run_dir))
     for row in rows_of(run_dir):
-        assert (row["system"], row["drafter"], row["strategy"], row["lossless"]) == ("hf_generate", "none", "none", True)
+        assert (row["system"], row["drafter"], row["strategy"], row["lossless"]) == (
+            "hf_generate", "none", "none", True)
         assert row["tokens"] == row["baseline_tokens"] and row["target_calls"] == row["emitted"]  # tau = 1
 
 
@@ -150,7 +152,8 @@ def test_x_and_hue_override_the_axes(tmp_path, capsys):
     assert plot_axes(summary, x="temperature") == ("temperature", ["k"])
     assert report_main([str(sweep), "--x", "temperature", "--hue", "k"]) == 0
     report = (sweep / "report.md").read_text()
-    assert "rows: k, lossless; columns: temperature." in report and "| k | lossless | temperature=0.5 | temperature=1 |" in report
+    assert "rows: k, lossless; columns: temperature." in report
+    assert "| k | lossless | temperature=0.5 | temperature=1 |" in report
     assert report_main([str(sweep), "--x", "lenience"]) == 2
     assert capsys.readouterr().err.strip().endswith("error: --x lenience: no such setting in these runs; settings that "
                                                    "vary: k, sampling")

@@ -160,7 +160,8 @@ def test_the_run_summary_holds_the_run_s_pooled_figures_under_their_plain_names(
         assert [run.summary[f"per_position_attempts/{i}"] for i in range(1, len(positions) + 1)] == [
             position["attempts"] for position in positions]
         histogram = [run.summary[f"accepted_histogram/{j}"] for j in range(len(pooled["accepted_histogram"]))]
-        assert histogram == pooled["accepted_histogram"] == [sum(h) for h in zip(*(r["accepted_histogram"] for r in rows))]
+        summed = [sum(h) for h in zip(*(row["accepted_histogram"] for row in rows))]
+        assert histogram == pooled["accepted_histogram"] == summed
 
 
 def without(data: dict, keys: set) -> dict:
