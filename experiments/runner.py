@@ -311,8 +311,8 @@ def format_table(summary: dict, title: str) -> str:
         named = ", ".join(short["prompt_ids"][:8]) + (", ..." if short["count"] > 8 else "")
         lines.append(f"too short to time: {short['count']} of {summary['prompts']} prompts ({named}), left out of "
                      "the per-prompt means of timings, counted in the pooled figures (rule in summary.json)")
-    lines.append("pooled: totals over all prompts (speedup = baseline s/token / speculative s/token); n: prompts with "
-                 "a value in the per-prompt mean")
+    lines.append("pooled: totals over all prompts (speedup = baseline s/token / speculative s/token); n: prompts in "
+                 "the per-prompt mean (timings leave out the short ones; cost ratio needs a decode step that drafted)")
     return "\n".join(lines)
 
 
