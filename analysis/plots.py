@@ -84,7 +84,8 @@ def plot_speedup(data: pd.DataFrame, path: str | Path, x: str | None = None, hue
             errorbar(ax, positions, runs, "speedup", color,
                      f"{label} (best {x}={format_value(runs[x].iloc[best])})")
             ax.plot(positions[best], measured[best], color=color, **BEST_MARKER)
-        ax.plot(positions, runs["predicted_speedup"], color=color, linestyle="--", marker=".")
+        ax.plot(positions, runs["predicted_speedup"], color=color, linestyle="--" if runs["_line"].iloc[0] == "-"
+                else "none", marker=".")
     ax.axhline(1, color="grey", linestyle=":", linewidth=1)
     x_ticks(ax, summary, x)
     ax.set(xlabel=axis_label(x), ylabel="speedup over autoregressive baseline (×)")
@@ -120,7 +121,7 @@ def plot_per_position(data: pd.DataFrame, path: str | Path, x: str | None = None
         ax.set_xticks(range(1, longest + 1))
         ax.legend(fontsize="small", loc="lower left")
     label_first_column(grid, "P(token i accepted | tokens 1..i-1 accepted)")
-    fig.suptitle(title(summary, "Per-position acceptance (pooled, 95% bootstrap CI; n = verified at i = 1)"))
+    fig.suptitle(title(summary, "Per-position acceptance (pooled, 95% CI; n: verified at i = 1)"))
     return save(fig, path)
 
 
@@ -192,15 +193,15 @@ def settings(summary: pd.DataFrame, x: str, hue_axes: list[str]):
     """(label, color, runs in x order, positions) for each combination of the hue axes.
 
     Positions are the x values nudged sideways per setting, so that settings sharing an x value do not hide each
-    other's error bars.
+    other's error bars. ``_line`` says how to join them: a line along a numeric axis, none between names.
     """
     groups = [runs for _, runs in summary.groupby(hue_axes, sort=False, dropna=False)] if hue_axes else [summary]
     where = x_values(summary, x)
     spacing = min(np.diff(sorted(where.values())), default=1) or 1
     for index, (runs, color) in enumerate(zip(groups, colors(len(groups)))):
-        runs = runs.assign(_at=runs[x].map(where)).sort_values("_at")
+        runs = runs.assign(_at=runs[x].map(where), _line="-" if is_numeric(summary, x) else "none").sort_values("_at")
         positions = runs["_at"].to_numpy(dtype=float) + spacing * DODGE * (index - (len(groups) - 1) / 2)
-        yield setting_label(runs.iloc[0], hue_axes), color, runs, positions
+        yield setting_label(runs.iloc[0], hue_axes) if hue_axes else "all runs", color, runs, positions
 
 
 def axis_label(x: str) -> str:
@@ -221,8 +222,10 @@ def colors(n: int) -> list:
 
 
 def errorbar(ax, x, runs: pd.DataFrame, metric: str, color, label: str) -> None:
+    """A pooled figure with its bootstrap bars; joined by a line only along a numeric axis (names have no
+    between)."""
     ax.errorbar(x, runs[f"{metric}_pooled"], yerr=ci_error(runs, metric), color=color, marker="o",
-                capsize=3, label=label)
+                capsize=3, label=label, linestyle=runs["_line"].iloc[0])
 
 
 def ci_error(runs: pd.DataFrame, metric: str) -> np.ndarray:
