@@ -1,6 +1,6 @@
 """What every bench shares: the pair and its prompts, the interleaved run, transformers at its best (assisted, and
-its static-cache autoregressive path), the cost profile and the predictions from it, a counter of host reads, the
-argument checks, and the tables.
+its static-cache autoregressive path; ``System`` makes it the measured side of an ``experiments.run`` row), the cost
+profile and the predictions from it, a counter of host reads, the argument checks, and the tables.
 
 The measuring rules, kept here once: every method runs in one process, after an untimed warm-up; the methods are
 interleaved per prompt, the order rotating, so a machine whose speed drifts moves them all alike; the device is
