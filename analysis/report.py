@@ -49,6 +49,7 @@ from specdec.results import (
     SUMMARY,
     finite_values,
     pooled_figure,
+    too_short,
 )
 
 PIVOT_METRICS = ("speedup", "acceptance_rate", "mean_accepted_length")
@@ -361,8 +362,11 @@ def format_share(value: float) -> str:
     return "" if math.isnan(value) else f"{100 * value:.0f}%"
 
 
-def with_pooled_ci(run: pd.Series, metric: str) -> str:
-    value, low, high = (run[f"{metric}_{stat}"] for stat in ("pooled", "pooled_ci_low", "pooled_ci_high"))
+def with_pooled_ci(run: pd.Series, metric: str, prefix: str = "pooled_") -> str:
+    """'1.23 [1.1, 1.4]': a pooled figure and its interval, from the columns <metric>_pooled, <metric>_pooled_ci_low
+    and <metric>_pooled_ci_high (``prefix=""``: <metric>, <metric>_ci_low, <metric>_ci_high)."""
+    names = ("pooled", f"{prefix}ci_low", f"{prefix}ci_high") if prefix else ("", "ci_low", "ci_high")
+    value, low, high = (run[f"{metric}_{name}" if name else metric] for name in names)
     if math.isnan(low):
         return format_cell(value)
     return f"{format_cell(value)} [{format_cell(low)}, {format_cell(high)}]"
@@ -425,9 +429,10 @@ def lossy_mark(summary: pd.DataFrame, cols: str, value, rows: list[str]) -> str:
 
 
 def category_section(frame: pd.DataFrame, summary: pd.DataFrame, out_dir: Path) -> str:
-    """Per category of the prompts (a task suite's: MT-bench's eight, HumanEval, prose), per run: speedup,
-    acceptance rate and τ pooled over the category's prompts, and over all of them, as Spec-Bench tabulates them;
-    `categories.csv` holds them with the prompts counted. Empty where no prompt has a category."""
+    """Per category of the prompts (a task suite's: MT-bench's eight, HumanEval, prose), per run: speedup (with its
+    95% bootstrap interval), τ and acceptance rate pooled over the category's prompts, and over all of them, as
+    Spec-Bench tabulates them; `categories.csv` holds them with the prompts and the short ones counted. Empty where
+    no prompt has a category."""
     if "category" not in frame or not frame["category"].notna().any():
         return ""
     axes = label_axes(summary)
@@ -438,17 +443,23 @@ def category_section(frame: pd.DataFrame, summary: pd.DataFrame, out_dir: Path) 
         for category in [*categories, "overall"]:
             chosen = rows if category == "overall" else rows[rows["category"] == category]
             row_dicts = [{key: none_for_nan(value) for key, value in row.items()} for row in chosen.to_dict("records")]
+            figures = {metric: pooled_figure(row_dicts, metric) for metric in CATEGORY_METRICS}
             records.append({"setting": labels[run_dir], "category": category, "prompts": len(row_dicts),
-                            **{metric: pooled_figure(row_dicts, metric)["value"] for metric in CATEGORY_METRICS}})
+                            "too_short": sum(map(too_short, row_dicts)),
+                            **{metric: figure["value"] for metric, figure in figures.items()},
+                            "speedup_ci_low": figures["speedup"]["ci_low"],
+                            "speedup_ci_high": figures["speedup"]["ci_high"]})
     long = pd.DataFrame(records)
     long.to_csv(out_dir / "categories.csv", index=False)
+    long["speedup"] = [with_pooled_ci(record, "speedup", prefix="") for _, record in long.iterrows()]
     prompts = frame.drop_duplicates("prompt_id")["category"].value_counts()
     parts = ["## Per category\n\nEach run's figures pooled over the prompts of each category (`overall`: all of "
-             f"them); prompts per category: {', '.join(f'{c} {prompts.get(c, 0)}' for c in categories)}. "
-             "CSV: `categories.csv`.\n"]
+             f"them), speedup [95% bootstrap CI]; prompts per category: "
+             f"{', '.join(f'{c} {prompts.get(c, 0)}' for c in categories)}. CSV: `categories.csv` (with the prompts "
+             "too short to time in each).\n"]
     for metric, name in CATEGORY_METRICS.items():
-        table = long.pivot_table(index="setting", columns="category", values=metric, sort=False)
-        table = table[[*categories, "overall"]]
+        table = long.pivot(index="setting", columns="category", values=metric)
+        table = table.loc[list(dict.fromkeys(long["setting"])), [*categories, "overall"]]
         parts.append(f"### {name}\n\n{to_markdown(table)}")
     return "\n".join(parts)
 
