@@ -19,7 +19,11 @@ from pathlib import Path
 import pandas as pd
 
 from specdec.results import (
+    CONDITION_COLUMNS,
     CONFIG,
+    METRIC_COLUMNS,
+    OUTPUT_COLUMNS,
+    PROMPT_COLUMNS,
     FAILURE,
     INTERVAL_METRICS,
     LIST_COLUMNS,
@@ -70,6 +74,7 @@ class RunRows:
     rows: list[dict]
     partial: bool
     left_out: list[str] = field(default_factory=list)  # one line per thing the readers left out (also warned)
+    config: dict | None = None  # the run's resolved config (config.yaml, W&B's config); None where unreadable
 
 
 def load_runs(*paths: str | os.PathLike, config_keys: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -188,7 +193,7 @@ def read_run(run_dir: Path, config_keys: tuple[str, ...] = ()) -> RunRows:
                       PartialRunWarning)
     if config_keys:
         add_config(found.rows, config_of(run_dir), config_keys, run_dir)
-    return RunRows(str(run_dir), found.rows, partial, left_out)
+    return RunRows(str(run_dir), found.rows, partial, left_out, read_config(run_dir).value)
 
 
 def left_out_lines(run_dir: Path, found: RowsRead, partial: bool) -> list[str]:
@@ -234,11 +239,12 @@ def add_config(rows: list[dict], config: dict, keys: tuple[str, ...], source) ->
 
 
 def build_frame(runs: list[RunRows]) -> pd.DataFrame:
-    """Check the runs share one schema, then concatenate their rows."""
+    """Check the runs share one schema and can be told apart, then concatenate their rows."""
     for run in runs:
         check_required(run)
     check_kinds(runs)
     check_run_ids(runs)
+    check_settings_apart(runs)
     return pd.DataFrame([row | {"run_dir": run.source, "partial": run.partial} for run in runs for row in run.rows])
 
 
@@ -287,6 +293,60 @@ def check_run_ids(runs: list[RunRows]) -> None:
         run_id = ids.pop()
         if owner.setdefault(run_id, run.source) != run.source:
             raise ResultsError(f"{run.source}: run_id {run_id!r} is also used by {owner[run_id]}")
+
+
+# Config keys that change neither a result nor a time: where a run's results go and which of a set's prompts it
+# took (the rows name their prompts).
+RESULT_FREE_KEYS = ("group", "resume", "logger", "hydra", "num_prompts", "data.limit", "requested")
+# Row columns that are no setting: which run, which prompt, where it ran, what it measured, what it emitted.
+NOT_SETTINGS = {"run_id", "group", *PROMPT_COLUMNS, *CONDITION_COLUMNS, *METRIC_COLUMNS, *OUTPUT_COLUMNS}
+
+
+def run_setting(run: RunRows) -> dict:
+    """The setting a run's rows record: every column that is no metric, prompt, condition or output, with the value
+    its first row holds (a run's rows share it)."""
+    return {column: value for column, value in run.rows[0].items() if column not in NOT_SETTINGS}
+
+
+def check_settings_apart(runs: list[RunRows]) -> None:
+    """Runs whose rows record the same setting but whose configs differ would be merged into one setting by every
+    table and plot (a key the rows do not record, or rows written before they recorded it): refused in one line
+    naming the first key that differs. Runs of one config (repeats) are kept; runs without a readable config are
+    not compared."""
+    first_with: dict[str, RunRows] = {}
+    for run in runs:
+        key = json.dumps(run_setting(run), sort_keys=True, default=str)
+        earlier = first_with.setdefault(key, run)
+        if earlier is run or earlier.config is None or run.config is None:
+            continue
+        difference = config_difference(result_config(earlier.config), result_config(run.config))
+        if difference:
+            raise ResultsError(f"{run.source} and {earlier.source} record the same setting in their rows, but their "
+                               f"configs differ at {difference}; a table would merge them: report them apart, or "
+                               "rerun with a version whose rows record that key")
+
+
+def result_config(config: dict) -> dict:
+    """A config without ``RESULT_FREE_KEYS`` (dotted keys reach into groups)."""
+    config = {key: value for key, value in config.items() if key not in RESULT_FREE_KEYS}
+    for dotted in (key for key in RESULT_FREE_KEYS if "." in key):
+        group, name = dotted.split(".", 1)
+        if isinstance(config.get(group), dict):
+            config[group] = {key: value for key, value in config[group].items() if key != name}
+    return config
+
+
+def config_difference(old: dict, new: dict, prefix: str = "") -> str | None:
+    """The first differing dotted key as "key ('a' vs 'b')", or None where the configs are equal."""
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            found = config_difference(a, b, f"{prefix}{key}.")
+            if found:
+                return found
+        elif a != b:
+            return f"{prefix}{key} ({a!r} vs {b!r})"
+    return None
 
 
 def per_position_long(frame: pd.DataFrame) -> pd.DataFrame:
@@ -344,7 +404,7 @@ def read_wandb_run(api, run, config_keys: tuple[str, ...]) -> RunRows:
         warnings.warn(f"{run.url}: state {run.state!r}, loaded {len(rows)} rows of a partial run",
                       PartialRunWarning)
     add_config(rows, dict(run.config), config_keys, run.url)
-    return RunRows(run.url, rows, partial)
+    return RunRows(run.url, rows, partial, config=dict(run.config))
 
 
 def decode_lists(row: dict) -> dict:

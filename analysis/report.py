@@ -1,6 +1,8 @@
-"""Write report.md (summary, pivots, plots, the fastest setting) for run or sweep directories.
+"""Write report.md (summary, pivots, per-category results, ours against transformers, plots, the fastest lossless
+and lossy settings) for run or sweep directories. Figures are pooled over prompts (totals, with 95% bootstrap
+intervals: ``specdec.results.pooled``) beside per-prompt means; tables and plots run along what the sweep varies.
 
-    python -m analysis.report <run or sweep dir> [more dirs...] [--out DIR]     (from the repository root)
+    python -m analysis.report <run or sweep dir> [more dirs...] [--out DIR] [--x KEY] [--hue KEY]
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from analysis.load import (
@@ -29,11 +32,30 @@ from analysis.load import (
 from analysis.plots import (
     plot_accepted_histogram, plot_acceptance, plot_per_position, plot_speedup, plot_throughput,
 )
-from analysis.summarize import format_value, setting_label, summarize_runs, varying_axes
+from analysis.summarize import (
+    format_value,
+    none_for_nan,
+    plot_axes,
+    setting_label,
+    summarize_runs,
+    varying_axes,
+)
 from analysis.tables import format_cell, pivot_metric, to_markdown
-from specdec.results import INTERVAL_METRICS, MIN_PROMPTS_FOR_INTERVAL, ROWS, SUMMARY, finite_values
+from specdec.results import (
+    INTERVAL_METRICS,
+    MIN_PROMPTS_FOR_INTERVAL,
+    ROWS,
+    SHORT_RULE,
+    SUMMARY,
+    finite_values,
+    pooled_figure,
+    too_short,
+)
 
 PIVOT_METRICS = ("speedup", "acceptance_rate", "mean_accepted_length")
+# Per category, pooled over its prompts, as Spec-Bench tabulates: metric -> heading.
+CATEGORY_METRICS = {"speedup": "Speedup (pooled)", "mean_accepted_length": "τ, tokens per target call (pooled)",
+                    "acceptance_rate": "Acceptance rate (pooled)"}
 TREE_DRAFTERS = {"tree", "dynamic_tree"}  # drafters whose rows are token trees
 PLOTS = (
     ("speedup.png", plot_speedup, "Measured vs predicted speedup"),
@@ -55,6 +77,9 @@ DEFINITIONS = (
      "per-request acceptance histogram", "—"),
     ("`speedup`", "baseline seconds per token / speculative seconds per token, same prompts and process",
      "— (throughput, tokens/s)", "speedup (walltime over vanilla autoregressive decoding)"),
+    ("pooled", "a run's figure from totals over its prompts (total accepted / total drafted, total baseline "
+     "seconds per token / total speculative seconds per token, ...), 95% bootstrap interval over prompts",
+     "what its counters report (totals)", "how its tables are computed (totals over a category)"),
 )
 
 
@@ -64,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", PartialRunWarning)
             warnings.simplefilter("always", DamagedRunWarning)
-            report = write_report(args.paths, args.out)
+            report = write_report(args.paths, args.out, args.x, args.hue)
     except ResultsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -84,12 +109,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      description="Summarize specdec runs into report.md with tables and plots.")
     parser.add_argument("paths", nargs="+", help=f"run directories or sweep directories (searched for {ROWS})")
     parser.add_argument("--out", help="directory for report.md, CSVs and PNGs (default: the first path)")
+    parser.add_argument("--x", help="the setting tables and plots run along (default: k where it varies, else the "
+                                    "first numeric setting that varies, e.g. temperature)")
+    parser.add_argument("--hue", help="the one setting plots draw apart (default: every other setting that varies)")
     return parser.parse_args(argv)
 
 
-def write_report(paths: list[str], out: str | None = None) -> Path:
-    """Load the runs, write report.md, summary.csv, pivot_<metric>.csv and the plots into `out`. Jobs that failed,
-    were skipped or left no rows are named; when no job left rows, report.md names them and nothing else."""
+def write_report(paths: list[str], out: str | None = None, x: str | None = None, hue: str | None = None) -> Path:
+    """Load the runs, write report.md, summary.csv, pivot_<metric>.csv, categories.csv (where prompts carry a
+    category) and the plots into `out`, along the axis ``x`` with the settings ``hue`` apart (defaults:
+    ``analysis.summarize.plot_axes``). Jobs that failed, were skipped or left no rows are named; when no job left
+    rows, report.md names them and nothing else."""
     jobs = unfinished_jobs(*paths)
     out_dir = Path(out or paths[0])
     check_out_dir(out_dir)
@@ -100,14 +130,17 @@ def write_report(paths: list[str], out: str | None = None) -> Path:
     runs = read_runs(run_dirs or find_run_dirs(paths))  # with nothing to load, find_run_dirs names what is missing
     frame = build_frame(runs)
     summary = summarize_runs(frame)
+    x, hue_axes = plot_axes(summary, x, hue)
     summary.to_csv(out_dir / "summary.csv", index=False)
     sections = [
         header(paths, frame, summary, jobs, runs),
         summary_section(summary),
-        pivot_section(summary, out_dir),
+        pivot_section(summary, out_dir, x, hue_axes),
+        category_section(frame, summary, out_dir),
+        systems_section(summary),
         tree_section(frame, summary),
         acceptance_section(summary),
-        plot_section(summary, out_dir),
+        plot_section(summary, out_dir, x, hue),
     ]
     return write_markdown(out_dir, "\n".join(sections))
 
@@ -137,13 +170,18 @@ def label(run: pd.Series, axes: list[str]) -> str:
     return setting_label(run, axes) + (" (partial run)" if run["partial"] else "")
 
 
+def table_label(run: pd.Series, axes: list[str]) -> str:
+    """A run's label in a table without a lossless column: marked where its rule is lossy."""
+    return label(run, axes) + (" (lossy)" if lossless_kind(run.get("lossless")) is False else "")
+
+
 def header(paths: list[str], frame: pd.DataFrame, summary: pd.DataFrame, jobs: list[UnfinishedJob],
            runs: list[RunRows]) -> str:
     lines = [
         "# Speculative decoding report",
         "",
         f"- pair: {', '.join(map(str, summary['pair'].unique()))}; "
-        f"sampling: {', '.join(map(str, summary['sampling'].unique()))}",
+        f"sampling: {'; '.join(map(str, summary['sampling'].unique()))}",
         f"- {len(summary)} runs, {len(frame)} (run, prompt) rows, "
         f"{frame['prompt_id'].nunique()} distinct prompts; from {', '.join(f'`{p}`' for p in paths)}",
     ]
@@ -153,9 +191,22 @@ def header(paths: list[str], frame: pd.DataFrame, summary: pd.DataFrame, jobs: l
             lines.append(f"- **Partial run** (no {SUMMARY}, killed?): `{run['run_dir']}`, "
                          f"{run['n_prompts']} prompts loaded")
     lines += [f"- **Left out:** {line}" for run in runs for line in run.left_out]
-    lines += job_lines(jobs) + gap_lines(frame) + timing_lines(frame, summary)
-    lines += ["", fastest_sentence(summary), ""]
+    lines += job_lines(jobs) + gap_lines(frame) + timing_lines(frame, summary) + short_lines(summary)
+    lines += ["", *fastest_lines(summary), ""]
     return "\n".join(lines)
+
+
+def short_lines(summary: pd.DataFrame) -> list[str]:
+    """The prompts too short to time, counted and named per run: left out of the per-prompt means of timings,
+    counted in the pooled figures."""
+    if "short_prompts" not in summary or not summary["short_prompts"].sum():
+        return []
+    axes = label_axes(summary)
+    named = "; ".join(f"{label(run, axes)}: {run['short_prompt_ids']}" for _, run in summary.iterrows()
+                      if run["short_prompts"])
+    return [f"- **Too short to time:** {int(summary['short_prompts'].sum())} of {int(summary['n_prompts'].sum())} "
+            f"(run, prompt) rows ({SHORT_RULE}): {named}. Their timings are left out of the per-prompt means and "
+            "counted, by their few tokens and seconds, in the pooled figures."]
 
 
 JOB_TITLES = {"failed": "Failed job", "skipped": "Skipped job", "no rows": "Job without rows",
@@ -201,24 +252,61 @@ def timing_lines(frame: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
     return lines
 
 
-def fastest_sentence(summary: pd.DataFrame) -> str:
-    """The setting with the highest mean speedup, its CI, and its ratio over the next best."""
-    ranked = summary.dropna(subset=["speedup_mean"]).sort_values("speedup_mean", ascending=False)
+LOSSLESS_KINDS = ((True, "lossless"), (False, "lossy"), (None, "lossless or not unrecorded"))
+
+
+def lossless_kind(value) -> bool | None:
+    """A run's ``lossless`` as True, False, or None where its rows do not say."""
+    return bool(value) if isinstance(value, (bool, np.bool_)) else None
+
+
+def fastest_lines(summary: pd.DataFrame) -> list[str]:
+    """The fastest lossless setting and the fastest lossy one, apart, by pooled speedup: a lossy rule's speed is
+    bought with its outputs, so it is never crowned beside the lossless ones."""
+    ranked = summary.dropna(subset=["speedup_pooled"]).sort_values("speedup_pooled", ascending=False)
     if ranked.empty:
-        return "**Fastest:** no run has a measured speedup."
-    axes = label_axes(summary)
+        return ["**Fastest:** no run has a measured speedup."]
+    kinds = ranked["lossless"].map(lossless_kind) if "lossless" in ranked else pd.Series(None, index=ranked.index)
+    return [fastest_sentence(ranked[kinds.map(lambda kind, wanted=wanted: kind is wanted)], name, label_axes(summary))
+            + "  " for wanted, name in LOSSLESS_KINDS if (kinds.map(lambda kind, wanted=wanted: kind is wanted)).any()]
+
+
+def fastest_sentence(ranked: pd.DataFrame, kind: str, axes: list[str]) -> str:
+    """The setting with the highest pooled speedup among ``ranked`` (one kind), its interval, and its ratio over the
+    next best of the same kind; a lossy one with what its outputs are worth."""
     best = ranked.iloc[0]
-    sentence = (f"**Fastest:** {label(best, axes)}, mean speedup {best['speedup_mean']:.2f}× over the "
-                f"autoregressive baseline ({ci_text(best, 'speedup')}, {best['n_prompts']} prompts)")
+    sentence = (f"**Fastest {kind}:** {label(best, axes)}, pooled speedup {best['speedup_pooled']:.2f}× over the "
+                f"autoregressive baseline ({pooled_ci_text(best, 'speedup')}, {best['n_prompts']} prompts)")
     if len(ranked) > 1:
         runner_up = ranked.iloc[1]
-        sentence += (f", {best['speedup_mean'] / runner_up['speedup_mean']:.2f}× the next best "
-                     f"({label(runner_up, axes)}: {runner_up['speedup_mean']:.2f}×)")
-        if math.isnan(best["speedup_ci_low"]) or math.isnan(runner_up["speedup_ci_high"]):
+        sentence += (f", {best['speedup_pooled'] / runner_up['speedup_pooled']:.2f}× the next {kind} "
+                     f"({label(runner_up, axes)}: {runner_up['speedup_pooled']:.2f}×)")
+        if math.isnan(best["speedup_pooled_ci_low"]) or math.isnan(runner_up["speedup_pooled_ci_high"]):
             sentence += "; without intervals (too few prompts) treat this ordering with caution"
-        elif best["speedup_ci_low"] <= runner_up["speedup_ci_high"]:
+        elif best["speedup_pooled_ci_low"] <= runner_up["speedup_pooled_ci_high"]:
             sentence += "; their 95% CIs overlap, so treat this ordering with caution"
+    if kind == "lossy":
+        sentence += quality_text(best)
     return sentence + "."
+
+
+def quality_text(run: pd.Series) -> str:
+    """What a lossy run's outputs are worth: the share identical to the target's own at temperature 0, and the
+    target's mean log-likelihood of them beside that of its own outputs."""
+    parts = []
+    if not math.isnan(run.get("identical_outputs", math.nan)):
+        parts.append(f"{100 * run['identical_outputs']:.0f}% of outputs identical to the target's greedy ones")
+    if not math.isnan(run.get("log_likelihood_mean", math.nan)):
+        parts.append(f"target log-likelihood per token {run['log_likelihood_mean']:.2f} vs "
+                     f"{run['baseline_log_likelihood_mean']:.2f} for its own outputs")
+    return f"; lossy: {', '.join(parts)}" if parts else "; lossy: its outputs do not follow the target's distribution"
+
+
+def pooled_ci_text(run: pd.Series, metric: str) -> str:
+    low, high = run[f"{metric}_pooled_ci_low"], run[f"{metric}_pooled_ci_high"]
+    if math.isnan(low):
+        return f"no 95% CI: fewer than {MIN_PROMPTS_FOR_INTERVAL} prompts"
+    return f"95% bootstrap CI {low:.2f}–{high:.2f}"
 
 
 def ci_text(run: pd.Series, metric: str) -> str:
@@ -229,24 +317,59 @@ def ci_text(run: pd.Series, metric: str) -> str:
 
 
 def summary_section(summary: pd.DataFrame) -> str:
-    """One line per run: its setting, then each metric as mean [95% CI]."""
+    """One line per run: its setting, whether it is lossless, each figure pooled [95% bootstrap CI], the speedup's
+    per-prompt mean [95% t CI] beside it, and what its outputs say."""
     axes = label_axes(summary)
     table = summary[axes].copy()
-    for metric, name in (("speedup", "speedup"), ("acceptance_rate", "acceptance rate"),
-                         ("mean_accepted_length", "τ (tokens/target call)"),
-                         ("spec_tokens_per_s", "spec tok/s"), ("baseline_tokens_per_s", "baseline tok/s")):
-        table[name] = [with_ci(run, metric) for _, run in summary.iterrows()]
+    table["lossless"] = [lossless_text(run) for _, run in summary.iterrows()]
+    table["speedup (pooled)"] = [with_pooled_ci(run, "speedup") for _, run in summary.iterrows()]
+    table["speedup (per-prompt mean)"] = [with_ci(run, "speedup") for _, run in summary.iterrows()]
+    for metric, name in (("acceptance_rate", "acceptance rate"), ("mean_accepted_length", "τ (tokens/target call)"),
+                         ("spec_tokens_per_s", "tok/s"), ("baseline_tokens_per_s", "baseline tok/s")):
+        table[f"{name} (pooled)"] = [with_pooled_ci(run, metric) for _, run in summary.iterrows()]
     table["predicted speedup"] = summary["predicted_speedup"]
     table["prompts"] = summary["n_prompts"]
+    table["too short"] = summary["short_prompts"]
+    if summary["identical_outputs"].notna().any():
+        table["identical outputs"] = [format_share(value) for value in summary["identical_outputs"]]
+    if summary["log_likelihood_mean"].notna().any():
+        table["log-likelihood (target's own)"] = [
+            "" if math.isnan(run["log_likelihood_mean"]) else
+            f"{run['log_likelihood_mean']:.2f} ({run['baseline_log_likelihood_mean']:.2f})"
+            for _, run in summary.iterrows()]
     table["partial"] = summary["partial"].map({True: "yes", False: ""})
     if "most_concurrent_jobs" in summary and (summary["most_concurrent_jobs"] > 1).any():
         table["concurrent jobs"] = summary["most_concurrent_jobs"]
     if "hosts" in summary and len(set(", ".join(summary["hosts"]).split(", "))) > 1:
         table["hosts"] = summary["hosts"]
-    return ("## Runs\n\nMean over prompts [95% Student t interval, clipped to the metric's range; none with fewer "
-            f"than {MIN_PROMPTS_FOR_INTERVAL} prompts]; predicted speedup from the mean acceptance "
-            "rate and cost ratio (Leviathan et al., 2023). All columns in `summary.csv`.\n\n"
+    return ("## Runs\n\nPooled: totals over a run's prompts (speedup: total baseline seconds per token over total "
+            "speculative seconds per token; acceptance: total accepted over total drafted; τ: total emitted over "
+            "total "
+            "target calls) [95% bootstrap interval over prompts]. Per-prompt mean: the mean of each prompt's ratio "
+            "[95% Student t interval], without the prompts too short to time (`too short`). Predicted speedup from "
+            "the pooled acceptance rate and mean cost ratio (Leviathan et al., 2023). Identical outputs: the share "
+            "of prompts (temperature 0) whose output equals the baseline's; log-likelihood: the target's mean "
+            "log-probability per token of a lossy run's outputs (of its own). All columns in `summary.csv`.\n\n"
             + to_markdown(table, index=False))
+
+
+def lossless_text(run: pd.Series) -> str:
+    kind = lossless_kind(run.get("lossless"))
+    return {True: "yes", False: "**no**", None: "?"}[kind]
+
+
+def format_share(value: float) -> str:
+    return "" if math.isnan(value) else f"{100 * value:.0f}%"
+
+
+def with_pooled_ci(run: pd.Series, metric: str, prefix: str = "pooled_") -> str:
+    """'1.23 [1.1, 1.4]': a pooled figure and its interval, from the columns <metric>_pooled, <metric>_pooled_ci_low
+    and <metric>_pooled_ci_high (``prefix=""``: <metric>, <metric>_ci_low, <metric>_ci_high)."""
+    names = ("pooled", f"{prefix}ci_low", f"{prefix}ci_high") if prefix else ("", "ci_low", "ci_high")
+    value, low, high = (run[f"{metric}_{name}" if name else metric] for name in names)
+    if math.isnan(low):
+        return format_cell(value)
+    return f"{format_cell(value)} [{format_cell(low)}, {format_cell(high)}]"
 
 
 def with_ci(run: pd.Series, metric: str) -> str:
@@ -256,38 +379,130 @@ def with_ci(run: pd.Series, metric: str) -> str:
     return f"{format_cell(mean)} [{format_cell(low)}, {format_cell(high)}]"
 
 
-def pivot_axes(summary: pd.DataFrame) -> tuple[list[str], str | None]:
-    """k (else the most varied axis) across the columns, every other varying axis down the rows, so that
-    each cell is one run; a single varying axis goes down the rows."""
-    axes = varying_axes(summary)
-    if len(axes) < 2:
-        return axes, None
-    cols = "k" if "k" in axes else max(axes, key=lambda axis: summary[axis].nunique(dropna=False))
-    return [axis for axis in axes if axis != cols], cols
+def pivot_axes(summary: pd.DataFrame, x: str | None = None, hue: str | None = None) -> tuple[list[str], str | None]:
+    """The sweep's x axis (``plot_axes``: k, else what varies) across the columns, the other varying settings
+    down the rows, so that each cell is one run; a single varying axis goes down the rows."""
+    x, hue_axes = plot_axes(summary, x, hue)
+    if not varying_axes(summary):
+        return [], None
+    if not hue_axes:
+        return [x], None
+    return hue_axes, x
 
 
-def pivot_section(summary: pd.DataFrame, out_dir: Path) -> str:
-    rows, cols = pivot_axes(summary)
+def pivot_section(summary: pd.DataFrame, out_dir: Path, x: str, hue_axes: list[str]) -> str:
+    rows, cols = pivot_axes(summary, x, hue_axes[0] if len(hue_axes) == 1 else None)
     if not rows:
         return "## Comparisons\n\nA single setting was run; nothing to pivot.\n"
-    parts = [f"## Comparisons\n\nMean over prompts; rows: {', '.join(rows)}"
+    if len(hue_axes) > 1:
+        rows = hue_axes
+    if "lossless" in summary and "lossless" not in rows + [cols] and determined(summary, rows, "lossless"):
+        rows = [*rows, "lossless"]  # every table says which settings are lossless
+        summary = summary.assign(lossless=summary["lossless"].map(lambda value: {True: "yes", False: "no"}.get(
+            lossless_kind(value), "?")))
+    parts = [f"## Comparisons\n\nPooled over prompts; rows: {', '.join(rows)}"
              + (f"; columns: {cols}" if cols else "") + ". CSVs: "
              + ", ".join(f"`pivot_{metric}.csv`" for metric in PIVOT_METRICS) + ".\n"]
     for metric in PIVOT_METRICS:
-        table = pivot_metric(summary, metric, rows, cols)
+        table = pivot_metric(summary, f"{metric}_pooled", rows, cols)
         table.to_csv(out_dir / f"pivot_{metric}.csv")
         if cols:
-            table.columns = [f"{cols}={format_value(value)}" for value in table.columns]
+            table.columns = [f"{cols}={format_value(value)}{lossy_mark(summary, cols, value, rows)}"
+                             for value in table.columns]
         else:
             table.columns = [metric]
         parts.append(f"### {metric}\n\n{to_markdown(table)}")
     return "\n".join(parts)
 
 
-def plot_section(summary: pd.DataFrame, out_dir: Path) -> str:
+def determined(summary: pd.DataFrame, axes: list[str], column: str) -> bool:
+    """Whether each combination of ``axes`` comes with one value of ``column``."""
+    return (summary.groupby(axes, dropna=False)[column].nunique(dropna=False) <= 1).all()
+
+
+def lossy_mark(summary: pd.DataFrame, cols: str, value, rows: list[str]) -> str:
+    """' (lossy)' on a pivot column whose runs are all lossy, where the rows do not say it."""
+    if "lossless" not in summary or "lossless" in rows:
+        return ""
+    kinds = summary.loc[summary[cols] == value, "lossless"].map(lossless_kind)
+    return " (lossy)" if len(kinds) and (kinds.map(lambda kind: kind is False)).all() else ""
+
+
+def category_section(frame: pd.DataFrame, summary: pd.DataFrame, out_dir: Path) -> str:
+    """Per category of the prompts (a task suite's: MT-bench's eight, HumanEval, prose), per run: speedup (with its
+    95% bootstrap interval), τ and acceptance rate pooled over the category's prompts, and over all of them, as
+    Spec-Bench tabulates them; `categories.csv` holds them with the prompts and the short ones counted. Empty where
+    no prompt has a category."""
+    if "category" not in frame or not frame["category"].notna().any():
+        return ""
+    axes = label_axes(summary)
+    labels = {run["run_dir"]: table_label(run, axes) for _, run in summary.iterrows()}
+    categories = sorted(frame["category"].dropna().unique())
+    records = []
+    for run_dir, rows in frame.groupby("run_dir", sort=False):
+        for category in [*categories, "overall"]:
+            chosen = rows if category == "overall" else rows[rows["category"] == category]
+            row_dicts = [{key: none_for_nan(value) for key, value in row.items()} for row in chosen.to_dict("records")]
+            figures = {metric: pooled_figure(row_dicts, metric) for metric in CATEGORY_METRICS}
+            records.append({"setting": labels[run_dir], "category": category, "prompts": len(row_dicts),
+                            "too_short": sum(map(too_short, row_dicts)),
+                            **{metric: figure["value"] for metric, figure in figures.items()},
+                            "speedup_ci_low": figures["speedup"]["ci_low"],
+                            "speedup_ci_high": figures["speedup"]["ci_high"]})
+    long = pd.DataFrame(records)
+    long.to_csv(out_dir / "categories.csv", index=False)
+    long["speedup"] = [with_pooled_ci(record, "speedup", prefix="") for _, record in long.iterrows()]
+    prompts = frame.drop_duplicates("prompt_id")["category"].value_counts()
+    parts = ["## Per category\n\nEach run's figures pooled over the prompts of each category (`overall`: all of "
+             f"them), speedup [95% bootstrap CI]; prompts per category: "
+             f"{', '.join(f'{c} {prompts.get(c, 0)}' for c in categories)}. CSV: `categories.csv` (with the prompts "
+             "too short to time in each).\n"]
+    for metric, name in CATEGORY_METRICS.items():
+        table = long.pivot(index="setting", columns="category", values=metric)
+        table = table.loc[list(dict.fromkeys(long["setting"])), [*categories, "overall"]]
+        parts.append(f"### {name}\n\n{to_markdown(table)}")
+    return "\n".join(parts)
+
+
+def systems_section(summary: pd.DataFrame) -> str:
+    """Ours against transformers, where the runs hold more than one system (``system=specdec,hf_assisted``): per
+    setting, each system's pooled tokens/s and speedup over our baseline (each run interleaved with its own), and
+    the ratio of ours to each other system by those speedups. Empty otherwise."""
+    if "system" not in summary or summary["system"].nunique() < 2 or "specdec" not in set(summary["system"]):
+        return ""
+    others = [system for system in summary["system"].unique() if system != "specdec"]
+    axes = [axis for axis in label_axes(summary) if axis not in ("system", "system_settings", "drafter", "strategy")]
+    groups = summary.groupby(axes, sort=False, dropna=False) if axes else [((), summary)]
+    records = []
+    for key, runs in groups:
+        by_system = {run["system"]: run for _, run in runs.iterrows()}
+        ours = by_system.get("specdec")
+        record = {axis: format_value(value) for axis, value in zip(axes, key if isinstance(key, tuple) else (key,))}
+        for system in ["specdec", *others]:
+            run = by_system.get(system)
+            lossy = " (lossy)" if run is not None and lossless_kind(run.get("lossless")) is False else ""
+            record[f"{system} tok/s"] = with_pooled_ci(run, "spec_tokens_per_s") + lossy if run is not None else ""
+            record[f"{system} speedup"] = with_pooled_ci(run, "speedup") if run is not None else ""
+            if run is not None and not math.isnan(run["identical_outputs"]):
+                record[f"{system} identical to baseline"] = format_share(run["identical_outputs"])
+        for system in others:
+            run = by_system.get(system)
+            both = ours is not None and run is not None
+            ratio = ours["speedup_pooled"] / run["speedup_pooled"] if both else math.nan
+            record[f"ours / {system}"] = "" if math.isnan(ratio) else f"{ratio:.2f}×"
+        records.append(record)
+    settings = "; ".join(sorted({str(value) for value in summary["system_settings"].dropna()}))
+    return ("## Ours against transformers\n\nEach system's runs decode the same prompts beside our autoregressive "
+            "baseline, interleaved; tokens/s and speedup over that baseline pooled over prompts [95% bootstrap CI]. "
+            "`ours / X` is the ratio of the speedups, each over its own baseline, so drift between runs cancels. "
+            f"transformers ran as: {settings or 'named in the rows'}.\n\n"
+            + to_markdown(pd.DataFrame(records), index=False))
+
+
+def plot_section(summary: pd.DataFrame, out_dir: Path, x: str | None = None, hue: str | None = None) -> str:
     parts = ["## Plots\n"]
     for filename, plot, caption in PLOTS:
-        plot(summary, out_dir / filename)
+        plot(summary, out_dir / filename, x, hue)
         parts.append(f"### {caption}\n\n![{caption}]({filename})\n")
     return "\n".join(parts)
 
@@ -302,13 +517,13 @@ def tree_section(frame: pd.DataFrame, summary: pd.DataFrame) -> str:
     verified = (runs["drafted"] / runs["target_calls"]).reindex(summary["run_dir"]).to_numpy()  # per run
     axes = label_axes(summary)
     table = pd.DataFrame({
-        "setting": [label(run, axes) for _, run in summary.iterrows()],
+        "setting": [table_label(run, axes) for _, run in summary.iterrows()],
         "drafted per call": [format_cell(v) for v in verified],
-        "τ (tokens/target call)": [with_ci(run, "mean_accepted_length") for _, run in summary.iterrows()],
-        "speedup": [with_ci(run, "speedup") for _, run in summary.iterrows()],
+        "τ (tokens/target call)": [with_pooled_ci(run, "mean_accepted_length") for _, run in summary.iterrows()],
+        "speedup": [with_pooled_ci(run, "speedup") for _, run in summary.iterrows()],
     }).iloc[verified.argsort(kind="stable")]
     return ("## Trees against chains\n\nEach run's draft tokens verified per target call (a chain's k, a tree's "
-            "nodes), then τ and speedup, mean [95% CI]: compare a tree with the chain that verifies as many tokens. "
+            "nodes), then τ and speedup, pooled [95% CI]: compare a tree with the chain that verifies as many tokens. "
             "A tree's acceptance rate counts every node it drafted, so compare τ, not acceptance.\n\n"
             + to_markdown(table, index=False) + "\n")
 
@@ -319,24 +534,39 @@ def acceptance_section(summary: pd.DataFrame) -> str:
     definitions = pd.DataFrame(DEFINITIONS, columns=["ours", "definition", "vLLM", "Spec-Bench"])
     axes = label_axes(summary)
     table = pd.DataFrame({
-        "setting": [label(run, axes) for _, run in summary.iterrows()],
+        "setting": [table_label(run, axes) for _, run in summary.iterrows()],
         "τ (our AL)": [with_ci(run, "mean_accepted_length") for _, run in summary.iterrows()],
         "vLLM AL": [with_ci(run, "vllm_acceptance_length") for _, run in summary.iterrows()],
         "acceptance rate": [with_ci(run, "acceptance_rate") for _, run in summary.iterrows()],
-        "a_i (i = 1..k)": [per_position_text(run["per_position_acceptance"]) for _, run in summary.iterrows()],
+        "a_i (i = 1..k), pooled [95% CI] (verified)": [per_position_text(run) for _, run in summary.iterrows()],
         "steps by drafts kept, h_0..h_k (share)": [histogram_text(run["accepted_histogram"])
                                                    for _, run in summary.iterrows()],
     })
     return ("## Acceptance, as the field reports it\n\nDefinitions, beside vLLM's and Spec-Bench's names for the "
             "same things:\n\n" + to_markdown(definitions, index=False)
-            + "\n\nPer run: means over prompts [95% Student t interval]; a_i the per-position mean over prompts; the "
-            "histogram sums every prompt's steps (plot below). τ counts every target call, vLLM's AL only those "
-            "that verified drafts.\n\n" + to_markdown(table, index=False) + "\n")
+            + "\n\nPer run: means over prompts [95% Student t interval]; a_i pooled over prompts (accepted at i "
+            "over verified at i) [95% bootstrap interval] with the positions verified, where the rows count them "
+            "(else the per-prompt mean); the histogram sums every prompt's steps (plot below). τ counts every target "
+            "call, vLLM's AL only those that verified drafts.\n\n" + to_markdown(table, index=False) + "\n")
 
 
-def per_position_text(values: list) -> str:
-    """'0.97, 0.98, 0.63, –': a_i where some prompt reached position i, a dash where none did."""
-    return ", ".join("–" if value is None or math.isnan(value) else format_cell(value) for value in values)
+def per_position_text(run: pd.Series) -> str:
+    """'0.97 [0.95, 0.99] (240), 0.63 [...] (12), –': a_i pooled with its interval and count where the rows count
+    positions, else the per-prompt means; a dash where no prompt reached position i."""
+    pooled = run.get("per_position_pooled")
+    if not (isinstance(pooled, list) and pooled):
+        return ", ".join("–" if value is None or math.isnan(value) else format_cell(value)
+                         for value in run["per_position_acceptance"])
+    cells = []
+    for value, low, high, attempts in zip(pooled, run["per_position_ci_low"], run["per_position_ci_high"],
+                                          run["per_position_attempts"]):
+        if not attempts:
+            cells.append("–")
+        elif math.isnan(low):
+            cells.append(f"{format_cell(value)} ({attempts})")
+        else:
+            cells.append(f"{format_cell(value)} [{format_cell(low)}, {format_cell(high)}] ({attempts})")
+    return ", ".join(cells)
 
 
 def histogram_text(histogram: list) -> str:

@@ -1,4 +1,5 @@
-"""One row per run: its configuration and, per metric, the mean over prompts with a 95% Student t interval."""
+"""One row per run: its configuration, its pooled figures with 95% bootstrap intervals (``specdec.results.pooled``,
+the figures summary.json leads with) and, per metric, the mean over prompts with a 95% Student t interval."""
 
 from __future__ import annotations
 
@@ -8,18 +9,35 @@ import numpy as np
 import pandas as pd
 
 import specdec
-from analysis.load import per_position_long
-from specdec.results import CONDITION_COLUMNS, INTERVAL_METRICS, METRIC_COLUMNS, PROMPT_COLUMNS, confidence_interval
+from analysis.load import ResultsError, per_position_long
+from specdec.results import (
+    CONDITION_COLUMNS,
+    INTERVAL_METRICS,
+    METRIC_COLUMNS,
+    OUTPUT_COLUMNS,
+    POOLED_FIGURES,
+    PROMPT_COLUMNS,
+    TIMED_METRICS,
+    confidence_interval,
+    finite_values,
+    pooled,
+    too_short,
+)
 
 # A run's predicted speedup is recomputed from its mean acceptance rate and mean cost ratio, not averaged.
 SUMMARIZED_METRICS = tuple(metric for metric in INTERVAL_METRICS if metric != "predicted_speedup")
 # Metrics derived per prompt from a row's columns (``per_prompt_metrics``), summarised like the others.
 DERIVED_METRICS = ("vllm_acceptance_length",)
 STAT_COLUMNS = tuple(f"{metric}_{stat}" for metric in SUMMARIZED_METRICS + DERIVED_METRICS
-                     for stat in ("mean", "ci_low", "ci_high"))
+                     for stat in ("mean", "ci_low", "ci_high")) + tuple(
+    f"{figure}_{stat}" for figure in POOLED_FIGURES for stat in ("pooled", "pooled_ci_low", "pooled_ci_high"))
+# Per-position acceptance pooled over a run's prompts: value, interval and count per position (lists).
+PER_POSITION_COLUMNS = ("per_position_pooled", "per_position_ci_low", "per_position_ci_high", "per_position_attempts")
 # Summary columns that describe neither a setting nor a summarized metric.
 BOOKKEEPING_COLUMNS = ("run_id", "group", "run_dir", "partial", "n_prompts", "predicted_speedup",
-                       "per_position_acceptance", "accepted_histogram", "most_concurrent_jobs", "hosts")
+                       "per_position_acceptance", "accepted_histogram", "most_concurrent_jobs", "hosts",
+                       "short_prompts", "short_prompt_ids", "identical_outputs", "log_likelihood_mean",
+                       "baseline_log_likelihood_mean", *PER_POSITION_COLUMNS)
 
 
 def predicted_speedup(alpha, k, cost_ratio) -> np.ndarray:
@@ -28,10 +46,17 @@ def predicted_speedup(alpha, k, cost_ratio) -> np.ndarray:
 
 
 def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per run: the columns constant within every run, `n_prompts`, `partial`, and for each summarized
-    metric `<metric>_mean`, `<metric>_ci_low`, `<metric>_ci_high` (95% t interval over prompts).
+    """One row per run: the columns constant within every run, `n_prompts`, `partial`; for each pooled figure
+    (``specdec.results.POOLED_FIGURES``: speedup, acceptance rate, tau, tokens/s) `<figure>_pooled`,
+    `<figure>_pooled_ci_low`, `<figure>_pooled_ci_high` (95% bootstrap interval over prompts); and for each
+    summarized metric `<metric>_mean`, `<metric>_ci_low`, `<metric>_ci_high` (95% t interval over prompts; a timed
+    metric leaves out the prompts too short to time, counted in `short_prompts` and named in `short_prompt_ids`).
 
-    Also `predicted_speedup` recomputed from the mean acceptance rate and mean cost ratio,
+    Also per-position acceptance pooled (`per_position_pooled`, with `per_position_ci_low`, `per_position_ci_high`
+    and the verified positions it rests on, `per_position_attempts`, where rows count them), `identical_outputs`
+    (the share of prompts whose two outputs are identical, where rows say: temperature 0),
+    `log_likelihood_mean` and `baseline_log_likelihood_mean` (a lossy rule's quality beside the target's own),
+    `predicted_speedup` recomputed from the pooled acceptance rate and mean cost ratio,
     `per_position_acceptance` as the per-position mean over prompts, `accepted_histogram` summed over prompts
     (steps of the whole run by drafts kept; empty where rows lack it), `vllm_acceptance_length` (mean and interval
     over prompts of 1 + accepted / steps that drafted, from each row's histogram), and, where rows count them,
@@ -48,28 +73,55 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
             record["most_concurrent_jobs"] = pd.to_numeric(rows["concurrent_jobs"]).max()  # NaN: not counted
         if "host" in rows:
             record["hosts"] = ", ".join(sorted(map(str, rows["host"].dropna().unique())))
+        record.update(pooled_columns(rows))
+        timed = rows[[not too_short(row) for row in rows.to_dict("records")]]
         for metric in SUMMARIZED_METRICS:
             record.update(zip((f"{metric}_mean", f"{metric}_ci_low", f"{metric}_ci_high"),
-                              confidence_interval(rows[metric], metric=metric)))
+                              confidence_interval((timed if metric in TIMED_METRICS else rows)[metric],
+                                                  metric=metric)))
         histograms = rows["accepted_histogram"] if "accepted_histogram" in rows else pd.Series([], dtype=object)
-        record["accepted_histogram"] = summed_histogram(histograms)
         record.update(zip(("vllm_acceptance_length_mean", "vllm_acceptance_length_ci_low",
                            "vllm_acceptance_length_ci_high"),
                           confidence_interval(map(vllm_acceptance_length, histograms), metric="mean_accepted_length")))
         record["run_dir"] = run_dir
         records.append(record)
     summary = pd.DataFrame(records)
-    summary["predicted_speedup"] = predicted_speedup(summary["acceptance_rate_mean"], summary["k"],
+    summary["predicted_speedup"] = predicted_speedup(summary["acceptance_rate_pooled"], summary["k"],
                                                      summary["cost_ratio_mean"])
     summary["per_position_acceptance"] = mean_per_position(frame, summary["run_id"])
     return summary
 
 
-def summed_histogram(histograms: pd.Series) -> list[int]:
-    """The prompts' accepted histograms (lists h_j, j = 0..k) summed entry by entry; rows without one add nothing."""
-    lists = [h for h in histograms if isinstance(h, list)]
-    width = max(map(len, lists), default=0)
-    return [sum(h[j] for h in lists if j < len(h) and isinstance(h[j], (int, float))) for j in range(width)]
+def pooled_columns(rows: pd.DataFrame) -> dict:
+    """A run's pooled figures (``specdec.results.pooled``) as summary columns, with its short prompts, per-position
+    acceptance pooled, and what its outputs say (identical at temperature 0; mean log-likelihoods)."""
+    records = [{key: none_for_nan(value) for key, value in row.items()} for row in rows.to_dict("records")]
+    figures = pooled(records)
+    columns = {f"{figure}_{stat}": figures[figure][key] for figure in POOLED_FIGURES
+               for stat, key in (("pooled", "value"), ("pooled_ci_low", "ci_low"), ("pooled_ci_high", "ci_high"))}
+    short = [str(row["prompt_id"]) for row in records if too_short(row)]
+    positions = figures["per_position_acceptance"]
+    identical = [row.get("identical_output") for row in records if isinstance(row.get("identical_output"), bool)]
+    return columns | {
+        "accepted_histogram": figures["accepted_histogram"], "short_prompts": len(short),
+        "short_prompt_ids": ", ".join(short),
+        "per_position_pooled": [p["value"] for p in positions], "per_position_ci_low": [p["ci_low"] for p in positions],
+        "per_position_ci_high": [p["ci_high"] for p in positions],
+        "per_position_attempts": [p["attempts"] for p in positions],
+        "identical_outputs": sum(identical) / len(identical) if identical else math.nan,
+        "log_likelihood_mean": mean_of(row.get("log_likelihood") for row in records),
+        "baseline_log_likelihood_mean": mean_of(row.get("baseline_log_likelihood") for row in records),
+    }
+
+
+def none_for_nan(value):
+    """A frame's NaN (a missing or null column) as the None a row read from JSON holds."""
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def mean_of(values) -> float:
+    found = finite_values(values)
+    return sum(found) / len(found) if found else math.nan
 
 
 def vllm_acceptance_length(histogram: object) -> float:
@@ -82,7 +134,8 @@ def vllm_acceptance_length(histogram: object) -> float:
 
 def constant_columns(frame: pd.DataFrame) -> list[str]:
     """Non-metric columns with one value (null counts as one) within every run, in frame order."""
-    excluded = set(METRIC_COLUMNS) | set(PROMPT_COLUMNS) | set(CONDITION_COLUMNS) | {"run_dir", "partial"}
+    excluded = (set(METRIC_COLUMNS) | set(PROMPT_COLUMNS) | set(CONDITION_COLUMNS) | set(OUTPUT_COLUMNS)
+                | {"run_dir", "partial"})
     candidates = [column for column in frame.columns if column not in excluded
                   and not frame[column].map(lambda v: isinstance(v, (list, dict))).any()]  # unhashable
     per_run = frame.groupby("run_dir", sort=False)[candidates].nunique(dropna=False)
@@ -123,11 +176,38 @@ def determined_by(summary: pd.DataFrame, a: str, b: str) -> bool:
     return pairs == summary[a].nunique(dropna=False)
 
 
+def plot_axes(summary: pd.DataFrame, x: str | None = None, hue: str | None = None) -> tuple[str, list[str]]:
+    """The axis a sweep's plots and pivots run along, and the settings they draw apart (the hue).
+
+    x: ``x`` if given; else k where k varies; else the first numeric setting that varies and holds a value for
+    every run (temperature, a strategy's lenience, batch size, ...; not a parameter only some options have); else
+    the first setting that varies; else k. The hue: ``hue`` if given,
+    else every other varying setting that is not x under another name (a temperature sweep's sampling label is its
+    temperature in words). A name the summary lacks is one ResultsError listing what varies.
+    """
+    axes = varying_axes(summary)
+    for name, given in (("--x", x), ("--hue", hue)):
+        if given is not None and given not in config_columns(summary):
+            raise ResultsError(f"{name} {given}: no such setting in these runs; settings that vary: "
+                               f"{', '.join(axes) or 'none'}")
+    if x is None:
+        numeric = [column for column in config_columns(summary) if summary[column].nunique(dropna=False) > 1
+                   and summary[column].notna().all() and pd.api.types.is_numeric_dtype(summary[column])
+                   and not pd.api.types.is_bool_dtype(summary[column])]
+        x = "k" if "k" in axes else (numeric or axes or ["k"])[0]
+    if hue is not None:
+        return x, [hue] if hue != x else []
+    return x, [axis for axis in varying_axes(summary, exclude=(x,))
+               if not (determined_by(summary, x, axis) and determined_by(summary, axis, x))]
+
+
 def setting_label(row: pd.Series, axes: list[str]) -> str:
-    """'strategy=typical, temperature=0.7' for the given axes; the strategy alone when no axis varies."""
+    """'strategy=typical, T=0.7' for the given axes (the sampling label is its values already); the strategy alone
+    when no axis varies."""
     if not axes:
         return str(row["strategy"])
-    return ", ".join(f"{axis}={format_value(row[axis])}" for axis in axes)
+    return ", ".join(format_value(row[axis]) if axis == "sampling" else f"{axis}={format_value(row[axis])}"
+                     for axis in axes)
 
 
 def format_value(value) -> str:

@@ -22,20 +22,24 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import os
 import re
+import socket
 import sys
 from pathlib import Path
 from typing import Callable
+from urllib.parse import urlparse
 
 from hydra.errors import InstantiationException
 from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 import specdec
 from specdec.checks import SEED_RANGE
-from specdec.models import ModelUnavailableError, PairPlan, plan_pair, resolve_device, resolve_dtype
+from specdec.models import (SHAPED_PRESETS, ModelUnavailableError, PairPlan, plan_pair, resolve_device, resolve_dtype,
+                            resolve_pair_ids)
 from specdec.prompts import Prompt, resolve_source
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -43,6 +47,8 @@ WANDB_MODES = ("offline", "online", "disabled")
 # The most new tokens a run may ask for before its pair's context is known (read from the pair's config files
 # before loading, which then bounds it): a larger value is a typo, and would size buffers that cannot fit.
 MAX_NEW_TOKENS = 2**20
+HUB_PROBE_SECONDS = 3.0  # how long one connection to the Hugging Face hub may take before it counts as unreachable
+OFFLINE_PAIRS = ("embedded", *SHAPED_PRESETS)  # the pairs that load without the hub
 
 
 class ConfigError(ValueError):
@@ -108,9 +114,9 @@ LAUNCHER_RULES: list[tuple[str, Callable[[object], bool], str]] = [
 ]
 
 # Groups whose objects are built without models (the drafter's factory too, see ``build_groups``).
-MODEL_FREE_GROUPS = ("strategy", "draft_length", "sampling", "logger")
+MODEL_FREE_GROUPS = ("strategy", "draft_length", "sampling", "system", "logger")
 # Groups whose node holds a constructor's arguments (``_target_``), checked by ``check_known_keys``.
-CONSTRUCTED_GROUPS = ("pair", "drafter", "strategy", "draft_length", "sampling", "data", "logger")
+CONSTRUCTED_GROUPS = ("pair", "drafter", "strategy", "draft_length", "sampling", "system", "data", "logger")
 _ABSENT = object()
 
 
@@ -133,8 +139,9 @@ def validate(cfg: DictConfig) -> tuple[dict[str, object], str | None]:
     check_known_keys(cfg)
     check_rules(cfg, RULES)
     check_device_and_dtype(select(cfg, "device"), select(cfg, "dtype"))
-    check_prompt_source(select(cfg, "data.source"))
+    check_prompt_sources(cfg)
     objects = build_groups(cfg)
+    check_system(cfg, objects)
     reason = skip_reason(objects["strategy"], objects["sampling"])
     if reason is None:
         check_lengths(cfg, objects["draft_length"].max_k, check_pair(cfg))
@@ -202,6 +209,33 @@ def constructor_parameters(cfg: DictConfig, group: str) -> list[str] | None:
     return [p.name for p in parameters]
 
 
+def check_system(cfg: DictConfig, objects: dict) -> None:
+    """A transformers system (``system=hf_generate|hf_assisted``) decodes one prompt per call, and assisted
+    generation drafts with the pair's draft model, k tokens at a time, by its own rule (speculative sampling, greedy
+    matching at temperature 0): the settings that would mean something else are refused in one line."""
+    system = objects["system"]
+    if not system.is_transformers:
+        return
+    prefix = f"system={system.name}"
+    if cfg.batch_size != 1:
+        raise ConfigError(f"{prefix} decodes one prompt per call (transformers' assisted generation refuses batches): "
+                          f"batch_size must be 1, got {cfg.batch_size}")
+    if system.name != "hf_assisted":
+        return
+    drafter = objects["drafter_factory"].func.__self__
+    if drafter is not specdec.ModelDrafter:
+        raise ConfigError(f"{prefix} drafts with the pair's draft model: drafter must be model, got "
+                          f"drafter._target_={cfg.drafter._target_!r}")
+    strategy = objects["strategy"]
+    if not (isinstance(strategy, specdec.Greedy) or (isinstance(strategy, specdec.Speculative) and strategy.lossless)):
+        raise ConfigError(f"{prefix} judges drafts by transformers' own rule (speculative sampling; greedy matching at "
+                          f"temperature 0): strategy must be speculative (lenience 1) or greedy, got "
+                          f"strategy={strategy.name}")
+    if system.assistant == "same_algorithm" and not isinstance(objects["draft_length"], specdec.FixedLength):
+        raise ConfigError(f"{prefix} with system.assistant=same_algorithm drafts a constant k: draft_length must be "
+                          f"fixed, got draft_length={objects['draft_length'].name}")
+
+
 def skip_reason(strategy: object, sampling: specdec.SamplingConfig) -> str | None:
     """Why a sweep skips this pairing of strategy and sampling, or None."""
     if isinstance(strategy, specdec.Greedy) and not sampling.is_greedy:
@@ -217,16 +251,29 @@ def build_groups(cfg: DictConfig) -> dict[str, object]:
 
     "drafter_factory" is the drafter's factory (``Drafter.from_pair`` with the config's options), its options
     checked now with the run's ``compile`` switch; "drafter" the drafter built from it when it reads nothing of
-    the pair (n-gram), else None: the runner calls ``drafter_factory(pair, compile=...)`` once the pair is loaded.
+    the pair (n-gram, or a custom drafter that does not declare ``needs_pair``), else None: the runner calls
+    ``drafter_factory(pair, compile=...)`` once the pair is loaded. "drafter_name" is the drafter's ``name``.
     """
     objects = {group: build(cfg, group, lambda group=group: instantiate(cfg[group])) for group in MODEL_FREE_GROUPS}
-    factory = build(cfg, "drafter", lambda: instantiate(cfg.drafter, _convert_="all"))
-    drafter = drafter_class(cfg, factory)
+    factory = drafter_factory(cfg)
+    drafter = factory.func.__self__
     build(cfg, "drafter", lambda: drafter.check_options(compile=cfg.compile, forward=cfg.forward, **factory.keywords))
     objects["drafter_factory"] = factory
-    # A drafter that reads nothing of the pair is given none.
-    objects["drafter"] = None if drafter.needs_pair else build(cfg, "drafter", lambda: factory(None, compile=cfg.compile))
+    objects["drafter"] = None if drafter.needs_pair else build_without_pair(cfg, factory)
+    objects["drafter_name"] = str(objects["drafter"].name if objects["drafter"] is not None else drafter.name)
     return objects
+
+
+def drafter_factory(cfg: DictConfig) -> functools.partial:
+    """The drafter's factory, ``from_pair`` with the config's options, whether ``drafter._target_`` names the
+    factory (``specdec.ModelDrafter.from_pair``, as the shipped options do) or a drafter class itself (a custom
+    ``my_parts.EchoDrafter``)."""
+    factory = build(cfg, "drafter", lambda: instantiate(cfg.drafter, _convert_="all"))
+    if isinstance(factory, functools.partial) and isinstance(factory.func, type) and issubclass(factory.func,
+                                                                                               specdec.Drafter):
+        return functools.partial(factory.func.from_pair, *factory.args, **factory.keywords)
+    drafter_class(cfg, factory)
+    return factory
 
 
 def drafter_class(cfg: DictConfig, factory: object) -> type:
@@ -235,9 +282,22 @@ def drafter_class(cfg: DictConfig, factory: object) -> type:
     method = factory.func if isinstance(factory, functools.partial) else None
     owner = method.__self__ if inspect.ismethod(method) else None
     if not (isinstance(owner, type) and issubclass(owner, specdec.Drafter)):
-        raise ConfigError(f"drafter._target_={cfg.drafter._target_!r} is not allowed: must be a drafter's factory "
-                          f"with _partial_: true, e.g. specdec.ModelDrafter.from_pair")
+        raise ConfigError(f"drafter._target_={cfg.drafter._target_!r} is not allowed: must be a drafter class (a "
+                          f"subclass of specdec.Drafter) or its factory, with _partial_: true, e.g. "
+                          f"specdec.ModelDrafter.from_pair")
     return owner
+
+
+def build_without_pair(cfg: DictConfig, factory: functools.partial) -> object:
+    """A drafter that declares it reads nothing of the pair (``needs_pair`` False), built before any model loads
+    with ``pair=None``. One that reads the pair all the same says so in one line."""
+    drafter = factory.func.__self__
+    try:
+        return build(cfg, "drafter", lambda: factory(None, compile=cfg.compile, forward=cfg.forward))
+    except AttributeError as err:
+        raise ConfigError(f"drafter._target_={cfg.drafter._target_!r}: {drafter.__name__} was built without a model "
+                          f"pair, as it declares needs_pair = False, and read one ({one_line(err)}); a drafter that "
+                          f"reads the pair declares needs_pair = True and is built from it once it is loaded") from None
 
 
 def build(cfg: DictConfig, group: str, constructor: Callable[[], object]) -> object:
@@ -267,17 +327,64 @@ def check_pair(cfg: DictConfig) -> PairPlan:
     tokenizers differ (``pair.cross_tokenizer=true``) needs the drafter that drafts across them."""
     options = {key: value for key, value in OmegaConf.to_container(cfg.pair, resolve=True).items()
                if not key.startswith("_")}
+    unreachable = hub_unreachable() if hub_sources(options) else None
     try:
         plan = plan_pair(**options)
-    except (ValueError, TypeError, ModelUnavailableError) as err:
+    except ModelUnavailableError as err:
+        if unreachable:
+            raise ConfigError(offline_message(options, unreachable)) from None
+        raise ConfigError(explain("pair", cfg.pair, err)) from None
+    except (ValueError, TypeError) as err:
         raise ConfigError(explain("pair", cfg.pair, err)) from None
     if not plan.shares_tokenizer:
-        drafter = drafter_class(cfg, instantiate(cfg.drafter, _convert_="all"))
+        drafter = drafter_factory(cfg).func.__self__
         if not issubclass(drafter, specdec.CrossTokenizerDrafter):
             raise ConfigError(f"pair.cross_tokenizer=true: the pair's tokenizers differ ({len(plan.draft_tokenizer)} "
                               f"vs {len(plan.tokenizer)} tokens), and only drafter=cross_tokenizer drafts across "
                               f"them; got drafter._target_={cfg.drafter._target_!r}")
     return plan
+
+
+def hub_sources(options: dict) -> list[str]:
+    """The pair's models and tokenizers that would come from the Hugging Face hub: every source that is no local
+    directory (none for the embedded and the ``*-shaped`` pairs)."""
+    try:
+        spec = resolve_pair_ids(options.get("preset"), options.get("draft"), options.get("target"))
+    except (ValueError, TypeError, ModelUnavailableError):
+        return []  # a shaped preset's (it reads no source), or a problem plan_pair names
+    sources = [spec.draft, spec.target, options.get("draft_tokenizer") or spec.draft_tokenizer,
+               options.get("target_tokenizer") or spec.target_tokenizer]
+    return [source for source in sources if isinstance(source, str) and not Path(source).expanduser().is_dir()]
+
+
+@functools.cache
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached, found once per process by one connection of at most
+    ``HUB_PROBE_SECONDS``; None where it can be, or where offline mode is on already. Unreachable, the process
+    goes offline (``HF_HUB_OFFLINE``): every later load reads the local cache alone, at once, where each file
+    would otherwise cost its retries (about 30 s)."""
+    import huggingface_hub.constants as hub
+
+    if hub.HF_HUB_OFFLINE:
+        return None
+    address = urlparse(hub.ENDPOINT)
+    port = address.port or (443 if address.scheme == "https" else 80)
+    try:
+        socket.create_connection((address.hostname, port), timeout=HUB_PROBE_SECONDS).close()
+    except OSError as err:
+        hub.HF_HUB_OFFLINE = True
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        why = (f"no answer in {HUB_PROBE_SECONDS:g} s" if isinstance(err, TimeoutError)
+               else one_line(err.strerror or err))
+        return f"{address.hostname}:{port}: {why}"
+    return None
+
+
+def offline_message(options: dict, unreachable: str) -> str:
+    """One line for a pair that needs the hub while it cannot be reached."""
+    named = options.get("preset") if options.get("draft") is None and options.get("target") is None else "custom"
+    return (f"pair={named}: the Hugging Face hub cannot be reached ({unreachable}) and the pair is not in the local "
+            f"cache; pairs that load offline: {', '.join(OFFLINE_PAIRS)}")
 
 
 def check_lengths(cfg: DictConfig, max_k: int, plan: PairPlan) -> None:
@@ -298,7 +405,7 @@ def check_lengths(cfg: DictConfig, max_k: int, plan: PairPlan) -> None:
     if too_long:
         (first, length), others = too_long[0], len(too_long) - 1
         more = f" (and {others} more)" if others else ""
-        raise ConfigError(f"data.source={cfg.data.source!r}: prompt {first} has {length} tokens{more}, at or beyond "
+        raise ConfigError(f"{data_label(cfg)}: prompt {first} has {length} tokens{more}, at or beyond "
                           f"the pair's context of {limit} positions; prompts must be shorter than {limit} tokens")
 
 
@@ -307,7 +414,7 @@ def read_prompts(cfg: DictConfig) -> list[Prompt]:
     try:
         return instantiate(cfg.data)
     except InstantiationException as err:
-        raise ConfigError(f"data.source={cfg.data.source!r}: {one_line(err.__cause__ or err)}") from None
+        raise ConfigError(f"{data_label(cfg)}: {one_line(err.__cause__ or err)}") from None
 
 
 def one_line(err: BaseException) -> str:
@@ -326,14 +433,37 @@ def check_device_and_dtype(device: object, dtype: object) -> None:
         raise ConfigError(f"dtype={dtype!r}: {one_line(err)}") from None
 
 
-def check_prompt_source(source: object) -> None:
+def data_name(cfg: DictConfig) -> str:
+    """The run's prompt set as rows name it (the ``data`` column): a set's source, or a suite's name."""
+    return cfg.data.source if "source" in cfg.data else cfg.data.name
+
+
+def data_label(cfg: DictConfig) -> str:
+    """The key and value that name the run's prompts, for a one-line error: data.source='...' or data.name='...'."""
+    key = "source" if "source" in cfg.data else "name"
+    return f"data.{key}={cfg.data[key]!r}"
+
+
+def check_prompt_sources(cfg: DictConfig) -> None:
+    """The prompt set (``data.source``), or each set of a suite (``data.sets``), exists: checked without reading."""
+    if "sets" not in cfg.data:
+        check_prompt_source(select(cfg, "data.source"))
+        return
+    sets = select(cfg, "data.sets")
+    if not OmegaConf.is_list(sets) or not sets:
+        raise ConfigError(f"data.sets={sets!r} is not allowed: must be a non-empty list of prompt sets")
+    for source in sets:
+        check_prompt_source(source, "data.sets")
+
+
+def check_prompt_source(source: object, key: str = "data.source") -> None:
     """A shipped prompt set name, or an existing .jsonl / .txt file (checked without reading it)."""
     if not isinstance(source, str) or not source:
-        raise ConfigError(f"data.source={source!r} is not allowed: must be a shipped prompt set name or a file path")
+        raise ConfigError(f"{key}={source!r} is not allowed: must be a shipped prompt set name or a file path")
     try:
         resolve_source(source)
     except (ValueError, OSError) as err:
-        raise ConfigError(f"data.source={source!r}: {one_line(err)}") from None
+        raise ConfigError(f"{key}={source!r}: {one_line(err)}") from None
 
 
 class CheckLaunch(Callback):
@@ -346,6 +476,7 @@ class CheckLaunch(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         exit_on_config_error(lambda: check_sweep(config))
+        exit_on_config_error(lambda: check_sweep_jobs(config))
 
 
 def exit_on_config_error(check: Callable[[], None]) -> None:
@@ -372,3 +503,62 @@ def check_sweep(cfg: DictConfig) -> None:
         raise ConfigError(f"hydra.launcher.signal_delay_s={signal_delay_s} is not allowed: the signal must come "
                           f"before the time limit (hydra.launcher.timeout_min={timeout_min} minutes), or every "
                           f"job is requeued as it starts")
+
+
+def sweep_jobs(config: DictConfig) -> list[list[str]]:
+    """The overrides of each job the basic sweeper will launch, in its order: its ``hydra.sweeper.params``, then the
+    command line's, crossed (``BasicSweeper.split_arguments``). Another sweeper (one that chooses its jobs as it
+    goes) gives none."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith("BasicSweeper"):
+        return []
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    arguments = [f"{key}={value}" for key, value in params.items()] + list(config.hydra.overrides.task)
+    parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    [jobs] = BasicSweeper.split_arguments(parser.parse_overrides(arguments), None)
+    return jobs
+
+
+def runs_elsewhere(config: DictConfig) -> bool:
+    """Whether the sweep's jobs run on other machines (SLURM), whose devices this one cannot see."""
+    return "slurm" in str(OmegaConf.select(config, "hydra.launcher._target_", default="")).lower()
+
+
+def check_sweep_jobs(config: DictConfig) -> None:
+    """Every job of a sweep composed and checked (``validate``: keys, values, parts, the pair without its weights,
+    the prompts) before any job is launched: a setting that fails stops the sweep in one line, which says whether
+    every job fails so or names the first job that does; a sweep whose every job would be skipped stops too. Jobs
+    sent to other machines (SLURM) are not checked for a device this machine lacks."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    jobs = sweep_jobs(config)
+    loader = GlobalHydra.instance().config_loader()
+    failures, skipped = [], []
+    for number, overrides in enumerate(jobs):
+        job = loader.load_sweep_config(master_config=config, sweep_overrides=list(overrides))
+        with open_dict(job):
+            del job["hydra"]
+            if runs_elsewhere(config) and job.device in ("cuda", "mps"):
+                job.device = "auto"  # present on the machine the job runs on, or refused there in one line
+        try:
+            skipped.append(validate(job)[1])
+        except ConfigError as err:
+            failures.append((number, overrides, str(err)))
+    if failures:
+        messages = {message for _, _, message in failures}
+        if len(failures) == len(jobs) and len(messages) == 1:
+            raise ConfigError(f"{messages.pop()} (every one of the sweep's {len(jobs)} jobs; none was launched)")
+        number, overrides, message = failures[0]
+        raise ConfigError(f"job {number} ({' '.join(varying(jobs, overrides))}): {message} ({len(failures)} of the "
+                          f"sweep's {len(jobs)} jobs fail; none was launched)")
+    if jobs and all(skipped):
+        raise ConfigError(f"every one of the sweep's {len(jobs)} jobs would be skipped ({skipped[0]}); none was "
+                          "launched")
+
+
+def varying(jobs: list[list[str]], overrides: list[str]) -> list[str]:
+    """The overrides of one job that tell it apart from the sweep's other jobs."""
+    return [override for override in overrides if any(override not in other for other in jobs)]

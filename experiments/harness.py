@@ -1,6 +1,6 @@
 """What every bench shares: the pair and its prompts, the interleaved run, transformers at its best (assisted, and
-its static-cache autoregressive path), the cost profile and the predictions from it, a counter of host reads, the
-argument checks, and the tables.
+its static-cache autoregressive path; ``System`` makes it the measured side of an ``experiments.run`` row), the cost
+profile and the predictions from it, a counter of host reads, the argument checks, and the tables.
 
 The measuring rules, kept here once: every method runs in one process, after an untimed warm-up; the methods are
 interleaved per prompt, the order rotating, so a machine whose speed drifts moves them all alike; the device is
@@ -238,12 +238,19 @@ def transformers_best_options(model: torch.nn.Module) -> dict:
 
 def transformers_generate(target: torch.nn.Module, draft: torch.nn.Module, batch: list[list[int]],
                           max_new_tokens: int, k: int | None = None, temperature: float = 0.0, seed: int = 0,
-                          eos_token_id: int | None = None, assistant_setting: str = "same_algorithm") -> Decoded:
+                          eos_token_id: int | None = None, assistant_setting: str = "same_algorithm",
+                          top_k: int | None = None, top_p: float | None = None, min_p: float | None = None) -> Decoded:
     """transformers' generate() on one prompt (assisted generation refuses batches), at its best: assisted by
     ``draft`` with ``HF_ASSISTANT_SETTINGS[assistant_setting](k)`` where k is given, plain where it is None.
-    Without an EOS every call emits ``max_new_tokens``, as ours does."""
+    Without an EOS every call emits ``max_new_tokens``, as ours does. Sampling filters (``top_k``, ``top_p``,
+    ``min_p``; None for none) apply where ``temperature`` > 0."""
     ids = torch.tensor(batch, device=target.device)  # [1, T]
-    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
+    sampling = dict(do_sample=False)
+    if temperature:
+        sampling = dict(do_sample=True, temperature=temperature, top_k=top_k or 0,
+                        top_p=1.0 if top_p is None else top_p)
+        if min_p is not None:
+            sampling["min_p"] = min_p
     length = dict(max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
     if eos_token_id is None:
         length["min_new_tokens"] = max_new_tokens
@@ -256,6 +263,58 @@ def transformers_generate(target: torch.nn.Module, draft: torch.nn.Module, batch
     out = target.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=eos_token_id or 0, **length,
                           **sampling, **assistant, **transformers_best_options(target))
     return Decoded([out[0, ids.shape[1]:].tolist()])
+
+
+# --- transformers as the system of an experiments.run row ---------------------------------------------------------
+
+SYSTEMS = ("specdec", "hf_generate", "hf_assisted")
+
+
+@dataclass(frozen=True)
+class System:
+    """What decodes the measured side of an ``experiments.run`` row (configs/system/): ``specdec``, our loop with
+    the run's drafter, strategy and policy; or transformers' ``generate()`` through ``transformers_generate``,
+    plain (``hf_generate``) or assisted by the pair's draft model (``hf_assisted``) at
+    ``HF_ASSISTANT_SETTINGS[assistant]`` with the run's k. Our autoregressive baseline decodes beside it either
+    way, interleaved, so a sweep over systems compares them prompt by prompt on one scale."""
+
+    name: str = "specdec"
+    assistant: str = "same_algorithm"
+
+    def __post_init__(self) -> None:
+        if self.name not in SYSTEMS:
+            raise ValueError(f"name must be one of {', '.join(SYSTEMS)}, got {self.name!r}")
+        if self.assistant not in HF_ASSISTANT_SETTINGS:
+            raise ValueError(f"assistant must be one of {', '.join(HF_ASSISTANT_SETTINGS)}, got {self.assistant!r}")
+
+    @property
+    def is_transformers(self) -> bool:
+        return self.name != "specdec"
+
+    def settings(self, target: torch.nn.Module, k: int) -> str | None:
+        """The generation options transformers is called with, for the row (None for ours)."""
+        if not self.is_transformers:
+            return None
+        options = {**transformers_best_options(target)}
+        if self.name == "hf_assisted":
+            options |= {"assistant": self.assistant, **HF_ASSISTANT_SETTINGS[self.assistant](k)}
+        described = ", ".join(f"{key}={value}" for key, value in options.items())
+        return f"transformers {transformers.__version__} generate()" + (f": {described}" if described else "")
+
+    def decode(self, pair, prompt: list[int], max_new_tokens: int, k: int, sampling: specdec.SamplingConfig,
+               seed: int, eos_token_id: int | None) -> tuple[list[int], int]:
+        """One prompt decoded by this transformers system: its new tokens, and the target forwards it ran
+        (counted by a hook on the target, for tau = emitted / target calls)."""
+        calls = []
+        hook = pair.target.register_forward_pre_hook(lambda *_: calls.append(1))
+        try:
+            decoded = transformers_generate(
+                pair.target, pair.draft, [prompt], max_new_tokens, k if self.name == "hf_assisted" else None,
+                sampling.temperature, seed, eos_token_id, self.assistant, sampling.top_k, sampling.top_p,
+                sampling.min_p)
+        finally:
+            hook.remove()
+        return decoded.tokens[0], len(calls)
 
 
 def compile_forward(model: torch.nn.Module) -> Callable:

@@ -2,6 +2,12 @@
 
 ``NullLogger`` does nothing. ``WandbLogger`` imports wandb only when a run starts, and turns any wandb failure
 (import, init, log, finish) into one warning, after which it stays silent and the run goes on.
+
+What W&B holds (``WandbLogger``): the config as resolved (config.yaml, then the device, dtype and k the run loaded);
+one history step per prompt, its numbers under ``prompt/`` (so that the run summary, which W&B fills with each
+key's last value, never shows the last prompt's figure as the run's); and at the end the run summary: the run's
+pooled figures under their plain names (``speedup``, ``acceptance_rate``, ``mean_accepted_length``, ...) with
+their intervals, per-position acceptance and the accepted histogram, and summary.json whole under ``summary/``.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ import math
 import os
 import warnings
 from pathlib import Path
+
+from specdec.results import json_ready
 
 
 class WandbWarning(UserWarning):
@@ -23,6 +31,9 @@ class NullLogger:
     def start(self, run_id: str, group: str, name: str, config: dict, run_dir: Path) -> None:
         """Nothing to open."""
 
+    def update_config(self, values: dict) -> None:
+        """config.yaml holds the config."""
+
     def log_row(self, row: dict, index: int) -> None:
         """Rows are already in rows.jsonl."""
 
@@ -31,7 +42,8 @@ class NullLogger:
 
 
 class WandbLogger:
-    """Weights & Biases: resolved config, one step per prompt row, a ``rows`` table and the summary at the end."""
+    """Weights & Biases: resolved config, one step per prompt row (under ``prompt/``), a ``rows`` table, and the run's
+    figures in the run summary at the end (``run_summary``)."""
 
     def __init__(
         self,
@@ -77,33 +89,31 @@ class WandbLogger:
                 settings=wandb.Settings(silent=True, console="off", init_timeout=self.init_timeout),
             )
             self.run.define_metric("prompt_index")
-            self.run.define_metric("*", step_metric="prompt_index")
+            self.run.define_metric(f"{PROMPT_PREFIX}*", step_metric="prompt_index")
 
         self.guard("init", init)
 
-    def log_row(self, row: dict, index: int) -> None:
-        """One step per prompt: every numeric column, and per-position acceptance as position_1..k."""
-        def log():
-            data = {key: value for key, value in row.items() if is_scalar_number(value)}
-            for position, value in enumerate(row.get("per_position_acceptance") or [], 1):
-                if value is not None:
-                    data[f"per_position_acceptance/{position}"] = value
-            data["prompt_index"] = index
-            self.run.log(data)
-
+    def update_config(self, values: dict) -> None:
+        """What the run resolved once its pair loaded (device, dtype, k), over the config's own values."""
         if self.run is not None:
-            self.guard("log", log)
+            self.guard("config", lambda: self.run.config.update(values, allow_val_change=True))
+
+    def log_row(self, row: dict, index: int) -> None:
+        """One step per prompt (``prompt_step``)."""
+        if self.run is not None:
+            self.guard("log", lambda: self.run.log(prompt_step(row, index)))
 
     def finish(self, rows: list[dict], summary: dict, failed: bool = False) -> None:
-        """All rows as a ``rows`` table, the summary, then close the run."""
+        """All rows as a ``rows`` table, per-position acceptance and the accepted histogram as tables, the run
+        summary (``run_summary``), then close the run."""
         def finish():
             import wandb
 
             if rows:
                 columns = list(dict.fromkeys(key for row in rows for key in row))
                 data = [[table_cell(row.get(column)) for column in columns] for row in rows]
-                self.run.log({"rows": wandb.Table(columns=columns, data=data)})
-            self.run.summary.update(flatten(summary))
+                self.run.log({"rows": wandb.Table(columns=columns, data=data), **figure_tables(summary, wandb.Table)})
+            self.run.summary.update(run_summary(json_ready(summary)))
             self.run.finish(exit_code=1 if failed else 0)
 
         if self.run is not None:
@@ -129,6 +139,60 @@ class WandbLogger:
                 self.run = None
 
 
+PROMPT_PREFIX = "prompt/"  # where each prompt's numbers go in the history
+# The run's figures under their plain names in the run summary: the pooled ones (specdec.results.POOLED_FIGURES).
+PLAIN_FIGURES = ("speedup", "acceptance_rate", "mean_accepted_length", "spec_tokens_per_s", "baseline_tokens_per_s")
+
+
+def prompt_step(row: dict, index: int) -> dict:
+    """A prompt's history step: every numeric column (booleans and nulls are not sent) and each position of
+    per-position acceptance, under ``prompt/``, and the prompt index."""
+    data = {f"{PROMPT_PREFIX}{key}": value for key, value in row.items() if is_scalar_number(value)}
+    for position, value in enumerate(row.get("per_position_acceptance") or [], 1):
+        if value is not None:
+            data[f"{PROMPT_PREFIX}per_position_acceptance/{position}"] = value
+    return data | {"prompt_index": index}
+
+
+def run_summary(summary: dict) -> dict:
+    """W&B's run summary from summary.json: each pooled figure under its plain name (``speedup``) with
+    ``<name>/ci_low`` and ``<name>/ci_high``, each per-prompt mean under ``per_prompt/<name>``, pooled per-position
+    acceptance as ``per_position_acceptance/<i>`` with ``per_position_attempts/<i>``, the accepted histogram as
+    ``accepted_histogram/<j>``, the short prompts' count, and summary.json whole under ``summary/``."""
+    flat = {f"summary/{key}": value for key, value in flatten(summary).items()}
+    pooled, means = summary.get("pooled") or {}, summary.get("metrics") or {}
+    for name in PLAIN_FIGURES:
+        if name in pooled:
+            figure = pooled[name]
+            flat |= {name: figure["value"], f"{name}/ci_low": figure["ci_low"], f"{name}/ci_high": figure["ci_high"]}
+    for name, mean in means.items():
+        flat[f"per_prompt/{name}"] = mean["mean"]
+    for position, figure in enumerate(pooled.get("per_position_acceptance") or [], 1):
+        flat |= {f"per_position_acceptance/{position}": figure["value"],
+                 f"per_position_attempts/{position}": figure["attempts"]}
+    for accepted, steps in enumerate(pooled.get("accepted_histogram") or []):
+        flat[f"accepted_histogram/{accepted}"] = steps
+    if "short_prompts" in summary:
+        flat["short_prompts"] = summary["short_prompts"]["count"]
+    return flat
+
+
+def figure_tables(summary: dict, table) -> dict:
+    """Pooled per-position acceptance (with its interval and count) and the accepted histogram as W&B tables, for
+    charts; none where the summary has none (a failed run)."""
+    pooled = summary.get("pooled") or {}
+    tables = {}
+    if pooled.get("per_position_acceptance"):
+        tables["per_position_acceptance"] = table(
+            columns=["position", "acceptance", "ci_low", "ci_high", "attempts"],
+            data=[[i, f["value"], f["ci_low"], f["ci_high"], f["attempts"]]
+                  for i, f in enumerate(pooled["per_position_acceptance"], 1)])
+    if pooled.get("accepted_histogram"):
+        tables["accepted_histogram"] = table(columns=["accepted", "steps"],
+                                             data=[[j, n] for j, n in enumerate(pooled["accepted_histogram"])])
+    return tables
+
+
 def is_scalar_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -139,11 +203,14 @@ def table_cell(value):
 
 
 def flatten(data: dict, prefix: str = "") -> dict:
-    """{"metrics": {"speedup": {"mean": 1}}} -> {"metrics/speedup/mean": 1}."""
+    """{"metrics": {"speedup": {"mean": 1}}} -> {"metrics/speedup/mean": 1}; a list of objects (pooled per-position
+    acceptance) by index: {"a": [{"value": 1}]} -> {"a/1/value": 1}."""
     flat = {}
     for key, value in data.items():
         if isinstance(value, dict):
             flat.update(flatten(value, f"{prefix}{key}/"))
+        elif isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            flat.update(flatten({str(i): item for i, item in enumerate(value, 1)}, f"{prefix}{key}/"))
         else:
             flat[f"{prefix}{key}"] = value
     return flat

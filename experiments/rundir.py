@@ -29,20 +29,15 @@ from specdec.results import (
     CONFIG,
     DAMAGED_SUFFIX,
     FAILURE,
-    INTERVAL_METRICS,
     LOCK,
-    MIN_PROMPTS_FOR_INTERVAL,
     ROWS,
     SET_ASIDE,
     STALE,
     SUMMARY,
     Piece,
-    confidence_interval,
     describe_pieces,
     dump,
-    finite_values,
     json_ready,
-    pooled,
     read_config,
     read_failure,
     read_json_object,
@@ -573,34 +568,3 @@ def mark_of(job_dir: Path) -> dict:
 def job_order(job_dir: Path) -> tuple:
     """Sweep jobs in their numbers' order (2 before 10), other directories after them by name."""
     return (0, int(job_dir.name), "") if job_dir.name.isdigit() else (1, 0, job_dir.name)
-
-
-# Summary ------------------------------------------------------------------------------------------------------------
-
-def mean_ci(values: list, metric: str | None = None) -> tuple[float, float, float, int]:
-    """(mean, low, high, n) over the finite values: the schema's 95% Student t interval (the one analysis/
-    reports), clipped to the metric's range, NaN bounds with too few prompts."""
-    x = finite_values(values)
-    return (*confidence_interval(x, metric=metric), len(x))
-
-
-def summarize(rows: list[dict]) -> dict:
-    """Per metric: mean and 95% t interval over the prompts; pooled counts (``specdec.results.pooled``) as a
-    cross-check. ``rows`` are one per prompt (``read_rows`` keeps one)."""
-    metrics = {}
-    for name in INTERVAL_METRICS:
-        mean, low, high, n = mean_ci([row.get(name) for row in rows], metric=name)
-        metrics[name] = {"mean": mean, "ci_low": low, "ci_high": high, "n": n}
-    return {"prompts": len(rows), "metrics": metrics, "pooled": pooled(rows)}
-
-
-def format_table(summary: dict, title: str) -> str:
-    """The run summary as a short fixed-width table."""
-    lines = [title, f"{'metric':<22} {'mean':>9}   {'95% CI':<21} {'n':>4}"]
-    for name, m in summary["metrics"].items():
-        ci = (f"[{m['ci_low']:.3f}, {m['ci_high']:.3f}]" if m["n"] >= MIN_PROMPTS_FOR_INTERVAL
-              else f"n/a (< {MIN_PROMPTS_FOR_INTERVAL} prompts)")
-        mean = f"{m['mean']:.3f}" if m["n"] else "n/a"
-        lines.append(f"{name:<22} {mean:>9}   {ci:<21} {m['n']:>4}")
-    return "\n".join(lines)
-

@@ -1,6 +1,8 @@
 """One run: validate the config, load the pair and prompts, take the run directory (``experiments.rundir``: one
-writer, resume), then for each prompt decode with the autoregressive baseline and with speculative decoding
-(interleaved, same seed) and append one row (``specdec.results.Row``) to rows.jsonl.
+writer, resume), then for each prompt decode with the autoregressive baseline and with the run's system (our
+speculative decoding, or transformers' generate: ``experiments.harness.System``), interleaved with the same seed,
+and append one row (``specdec.results.Row``) to rows.jsonl. The run ends with its summary
+(``specdec.results.summarize_rows``: pooled figures and per-prompt means) in summary.json and on the console.
 
 The composed ``DictConfig`` stops here: groups become library objects through ``hydra.utils.instantiate`` and
 the library (``specdec``) is called with plain arguments.
@@ -30,27 +32,31 @@ from tqdm import tqdm
 
 import specdec
 from experiments import rundir
-from experiments.config_checks import ConfigError, one_line, validate
-from experiments.harness import compilations
+from experiments.config_checks import ConfigError, data_label, data_name, one_line, validate
+from experiments.harness import System, compilations
 from experiments.concurrency import LiveJobs, host_name, live_jobs_dir
 from specdec.batching import left_pad
 from specdec.profile import time_forwards
 from specdec.stats import DecodeStats
 from specdec.results import (
     IDENTITY_COLUMNS,
+    INTERVAL_METRICS,
+    MIN_PROMPTS_FOR_INTERVAL,
     SUMMARY,
     Condition,
     Metrics,
+    Outputs,
     PromptColumns,
     Row,
     RunIdentity,
     read_rows,
+    summarize_rows,
 )
 
 # Identity columns that the config alone does not fix: named once the run directory is known (run_id, group), by
-# the loaded pair (pair, device, dtype), or per batch (batch_size).
-UNSETTLED_COLUMNS = ("run_id", "group", "batch_size", "pair", "device", "dtype")
-LOADED_COLUMNS = ("pair", "device", "dtype")
+# the loaded pair (pair, device, dtype, and how transformers is called on it), or per batch (batch_size).
+UNSETTLED_COLUMNS = ("run_id", "group", "batch_size", "pair", "device", "dtype", "system_settings")
+LOADED_COLUMNS = ("pair", "device", "dtype", "system_settings")
 
 
 @dataclass
@@ -86,6 +92,7 @@ class Setting:
     strategy: object
     draft_length: object
     sampling: specdec.SamplingConfig
+    system: System
     drafter_factory: Callable
     drafter: object | None  # built already if it needs no loaded model, else None (built from the factory)
     identity: RunIdentity  # run_id and group set once the run directory is known; pair, device, dtype once loaded
@@ -149,9 +156,9 @@ def run_in(out_dir: Path, note: str | None, cfg: DictConfig, job: Job, setting: 
                 decode_prompts(cfg, setting, todo, out_dir, done_rows, len(prompts), logger, live_jobs, after_row)
         rows = read_rows(out_dir)
         summary = {"status": "complete", **identity(rows[0]), "batch_size": cfg.batch_size,
-                   "compile_seconds": run_compile_seconds(rows), **rundir.summarize(rows)}
+                   "compile_seconds": run_compile_seconds(rows), **summarize_rows(rows)}
         rundir.write_json(out_dir / SUMMARY, summary)
-        print(rundir.format_table(summary, title(rows[0], len(rows), out_dir)))
+        print(format_table(summary, title(rows[0], len(rows), out_dir)))
         failed = False
     finally:
         logger.finish(read_rows(out_dir), summary if not failed else {"status": "failed"}, failed)
@@ -180,36 +187,42 @@ def new_run_id(out_dir: Path) -> str:
 
 def load_checked_prompts(cfg: DictConfig) -> list:
     """The run's prompts, read and checked before any model loads: every problem is a one-line ConfigError."""
-    source = cfg.data.source
+    source = data_label(cfg)
     try:
         prompts = instantiate(cfg.data)
     except InstantiationException as err:
-        raise ConfigError(f"data.source={source!r}: {one_line(err.__cause__ or err)}") from None
+        raise ConfigError(f"{source}: {one_line(err.__cause__ or err)}") from None
     ids = [str(p.id) for p in prompts]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
-        raise ConfigError(f"data.source={source!r}: prompt ids must be unique (rows and reports name prompts by "
+        raise ConfigError(f"{source}: prompt ids must be unique (rows and reports name prompts by "
                           f"them); repeated: {', '.join(duplicates[:5])}")
     if not prompts:
-        raise ConfigError(f"data.source={source!r}: the prompt set is empty (no prompts, or num_prompts=0)")
+        raise ConfigError(f"{source}: the prompt set is empty (no prompts, or num_prompts=0)")
     return prompts
 
 
 def build_setting(cfg: DictConfig, job: Job, objects: dict) -> Setting:
     """The run's setting from the objects ``validate`` built, and the identity columns of its rows (run_id and
-    group empty until the run directory is known)."""
-    sampling = objects["sampling"]
+    group empty until the run directory is known). Parts are named by their own ``name`` (a custom part's too), the
+    sampling settings by their values (``sampling_label``)."""
+    sampling, system = objects["sampling"], objects["system"]
     strategy, policy = objects["strategy"], objects["draft_length"]
+    names = dict(drafter=objects["drafter_name"], strategy=strategy.name, lossless=strategy.lossless)
+    if system.name == "hf_generate":  # transformers decodes the target alone: nothing drafts, nothing is judged
+        names = dict(drafter="none", strategy="none", lossless=True)
+    elif system.name == "hf_assisted":  # speculative sampling, greedy matching at temperature 0: lossless
+        names = dict(drafter=objects["drafter_name"], strategy="speculative", lossless=True)
     identity = RunIdentity(
         run_id="",
         group="",
         pair=job.choices.get("pair"),
-        drafter=job.choices.get("drafter"),
-        strategy=getattr(strategy, "name", job.choices.get("strategy")),
-        lossless=getattr(strategy, "lossless", None),  # false for lossy rules, e.g. synthetic (benchmarks only)
-        draft_length=getattr(policy, "name", job.choices.get("draft_length")),
+        system=system.name,
+        system_settings=None,
+        **names,
+        draft_length=policy.name,
         k=policy.max_k,
-        sampling=job.choices.get("sampling"),
+        sampling=sampling_label(sampling),
         temperature=sampling.temperature,
         top_k=sampling.top_k,
         top_p=sampling.top_p,
@@ -217,13 +230,27 @@ def build_setting(cfg: DictConfig, job: Job, objects: dict) -> Setting:
         max_new_tokens=cfg.max_new_tokens,
         seed=cfg.seed,
         batch_size=cfg.batch_size,
-        data=cfg.data.source,
+        data=data_name(cfg),
         device=cfg.device,
         dtype=cfg.dtype,
         compile=cfg.compile,
+        forward=cfg.forward,
+        stop_at_eos=cfg.stop_at_eos,
+        threads=cfg.threads,
+        warmup=cfg.warmup,
     )
-    return Setting(strategy, policy, sampling, objects["drafter_factory"], objects["drafter"], identity,
+    return Setting(strategy, policy, sampling, system, objects["drafter_factory"], objects["drafter"], identity,
                    option_columns(cfg))
+
+
+def sampling_label(sampling: specdec.SamplingConfig) -> str:
+    """The sampling settings in short, from their values (never a preset's name, which an override would belie):
+    'greedy' at temperature 0, else 'T=0.7' and each filter set, e.g. 'T=0.7, top_p=0.9'."""
+    if sampling.is_greedy:
+        return "greedy"
+    filters = [f"{name}={value:g}" for name in ("top_k", "top_p", "min_p")
+               if (value := getattr(sampling, name)) is not None]
+    return ", ".join([f"T={sampling.temperature:g}", *filters])
 
 
 def option_columns(cfg: DictConfig) -> dict:
@@ -245,12 +272,48 @@ def identity(row: dict) -> dict:
 
 
 def run_name(identity: RunIdentity) -> str:
-    return f"{identity.pair}/{identity.strategy}/k{identity.k}/{identity.sampling}"
+    system = "" if identity.system == "specdec" else f"{identity.system}/"
+    return f"{identity.pair}/{system}{identity.drafter}/{identity.strategy}/k{identity.k}/{identity.sampling}"
 
 
 def title(row: dict, num_rows: int, out_dir: Path) -> str:
-    return (f"{out_dir}: pair={row['pair']} strategy={row['strategy']} k={row['k']} "
-            f"sampling={row['sampling']} ({num_rows} prompts)")
+    system = "" if row["system"] == "specdec" else f"system={row['system']} "
+    return (f"{out_dir}: pair={row['pair']} {system}drafter={row['drafter']} strategy={row['strategy']} "
+            f"(lossless: {'yes' if row['lossless'] else 'no'}) k={row['k']} sampling={row['sampling']} "
+            f"({num_rows} prompts)")
+
+
+def format_table(summary: dict, title: str) -> str:
+    """The run summary as a short fixed-width table: each metric pooled over the prompts (with its bootstrap
+    interval) beside its per-prompt mean (with its t interval), and the prompts too short to time, named."""
+    def bounds(low, high, n) -> str:
+        if 0 < n < MIN_PROMPTS_FOR_INTERVAL:
+            return f"n/a (< {MIN_PROMPTS_FOR_INTERVAL} prompts)"
+        if low is None or not math.isfinite(low):
+            return "n/a"
+        return f"[{low:.3f}, {high:.3f}]"
+
+    def number(value) -> str:
+        return f"{value:.3f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
+
+    lines = [title, f"{'metric':<22} {'pooled':>9}   {'95% CI (bootstrap)':<21} {'per-prompt mean':>15}   "
+                    f"{'95% CI (t)':<21} {'n':>4}"]
+    for name in INTERVAL_METRICS:
+        mean, pooled = summary["metrics"][name], summary["pooled"].get(name)
+        pooled_cells = f"{'':>9}   {'':<21}"
+        if pooled:
+            interval = bounds(pooled["ci_low"], pooled["ci_high"], pooled["prompts"])
+            pooled_cells = f"{number(pooled['value']):>9}   {interval:<21}"
+        lines.append(f"{name:<22} {pooled_cells} {number(mean['mean']):>15}   "
+                     f"{bounds(mean['ci_low'], mean['ci_high'], mean['n']):<21} {mean['n']:>4}")
+    short = summary["short_prompts"]
+    if short["count"]:
+        named = ", ".join(short["prompt_ids"][:8]) + (", ..." if short["count"] > 8 else "")
+        lines.append(f"too short to time: {short['count']} of {summary['prompts']} prompts ({named}), left out of "
+                     "the per-prompt means of timings, counted in the pooled figures (rule in summary.json)")
+    lines.append("pooled: totals over all prompts (speedup = baseline s/token / speculative s/token); n: prompts in "
+                 "the per-prompt mean (timings leave out the short ones; cost ratio needs a decode step that drafted)")
+    return "\n".join(lines)
 
 
 def pair_drafter(setting: Setting, pair, compile: bool, forward: str) -> object:
@@ -264,10 +327,20 @@ def pair_drafter(setting: Setting, pair, compile: bool, forward: str) -> object:
         raise ConfigError(f"drafter: {one_line(err)}") from None
 
 
+@dataclass(frozen=True)
+class Measured:
+    """What the measured side decoded in one batch: each row's tokens, and each row's metrics from the baseline's
+    stats of the same batch (``metrics(base_stats, row)``)."""
+
+    tokens: list[list[int]]
+    metrics: Callable[[DecodeStats, int], Metrics]
+
+
 def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, total: int, logger, live_jobs: LiveJobs,
                    after_row) -> None:
-    """Load the pair, warm up, then decode every prompt batch with both decoders and write its rows, each saying how
-    many jobs of the sweep ran on this machine meanwhile (counted before and after the batch)."""
+    """Load the pair, warm up, then decode every prompt batch with the baseline and the run's system and write its
+    rows, each saying how many jobs of the sweep ran on this machine meanwhile (counted before and after the
+    batch)."""
     transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bars say nothing a run needs
     pair = instantiate(cfg.pair)
     tokenizer = pair.tokenizer
@@ -277,23 +350,19 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
         pair=getattr(pair, "name", None) or setting.identity.pair,
         device=str(device),
         dtype=str(next(pair.target.parameters()).dtype).removeprefix("torch."),
+        system_settings=setting.system.settings(pair.target, setting.identity.k),
     )
     check_loaded_setting(out_dir, done_rows, setting.identity)
+    logger.update_config(resolved_settings(cfg, setting.identity))
     # The baseline gets its own policy object, so an adaptive policy never learns from k = 0 steps.
     baseline = specdec.Decoder(pair.target, None, setting.strategy, copy.deepcopy(setting.draft_length),
                                setting.sampling, compile=cfg.compile, forward=cfg.forward)
-    drafter = pair_drafter(setting, pair, cfg.compile, cfg.forward)  # before any decoding
-    speculative = specdec.Decoder(pair.target, drafter, setting.strategy, setting.draft_length, setting.sampling,
-                                  compile=cfg.compile, forward=cfg.forward)
     eos = tokenizer.eos_token_id if cfg.stop_at_eos else None
     batches = [prompts[i : i + cfg.batch_size] for i in range(0, len(prompts), cfg.batch_size)]
-
-    def generate(decoder, input_ids, mask):
-        return decoder.generate(input_ids, mask, cfg.max_new_tokens, eos, cfg.seed)
-
     encoded = [encode(tokenizer, [p.text for p in batch], device) for batch in batches]
-    compile_seconds = warm_up(cfg, (baseline, speculative), encoded, device)
-    cost_ratio = profiled_cost_ratio(cfg, speculative, encoded[0], setting.identity.k)
+    side = TransformersSide(setting, pair) if setting.system.is_transformers else SpecdecSide(cfg, setting, pair)
+    side.compile_seconds = warm_up(cfg, (baseline.generate, side.warm), encoded, device)
+    side.profile(cfg, encoded[0])
     compiled_before = compilations()
 
     writer = rundir.RowWriter(out_dir)
@@ -304,18 +373,21 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
         for index, batch in enumerate(batches):
             input_ids, mask = encode(tokenizer, [p.text for p in batch], device)
             jobs_before = live_jobs.count()
-            # Alternate which decoder goes first, so drift (thermal, caches, other load) hits both alike.
+            # Alternate which side goes first, so drift (thermal, caches, other load) hits both alike.
             if index % 2 == 0:
-                base_out = generate_or_explain(generate, baseline, input_ids, mask, batch)
-                spec_out = generate_or_explain(generate, speculative, input_ids, mask, batch)
+                base_out = generate_or_explain(baseline.generate, input_ids, mask, batch, cfg, eos)
+                measured = generate_or_explain(side.measure, input_ids, mask, batch, cfg, eos)
             else:
-                spec_out = generate_or_explain(generate, speculative, input_ids, mask, batch)
-                base_out = generate_or_explain(generate, baseline, input_ids, mask, batch)
+                measured = generate_or_explain(side.measure, input_ids, mask, batch, cfg, eos)
+                base_out = generate_or_explain(baseline.generate, input_ids, mask, batch, cfg, eos)
             condition = Condition(host_name(), most_jobs(jobs_before, live_jobs.count()))
             for row_index, prompt in enumerate(batch):
-                row = make_row(setting, condition, prompt, int(mask[row_index].sum()), row_index, len(batch),
-                               spec_out.stats, base_out.stats, speculative.drafter.drafts_trees,
-                               compile_seconds, cost_ratio).to_json()
+                prompt_ids = input_ids[row_index, mask[row_index].bool()].tolist()
+                likelihoods = None if setting.identity.lossless else (
+                    mean_log_likelihood(pair.target, prompt_ids, measured.tokens[row_index]),
+                    mean_log_likelihood(pair.target, prompt_ids, base_out.tokens[row_index]))
+                row = make_row(setting, condition, prompt, len(prompt_ids), row_index, len(batch), measured,
+                               base_out, likelihoods).to_json()
                 writer.write(row)
                 all_rows.append(row)
                 logger.log_row(row, len(all_rows) - 1)
@@ -331,11 +403,81 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
               f"the warm-up did not meet): those prompts' timings include them", file=sys.stderr)
 
 
-def warm_up(cfg, decoders: tuple, encoded: list[tuple[torch.Tensor, torch.Tensor]], device) -> float | None:
-    """``cfg.warmup`` untimed rounds, each decoding with every decoder the widest batch of each batch size in the
-    run, EOS ignored, so a compiled decoder compiles before timing every shape it will meet: each batch size, caches
-    sized for the longest prompt (later calls reuse them), and every draft length the loop takes near the end of
-    ``max_new_tokens``. Returns the warm-up's seconds for a compiled run (where its compilations happen: reported
+class SpecdecSide:
+    """Our speculative decoder over the loaded pair, as the measured side of each row. ``compile_seconds`` (the
+    run's warm-up, where it compiled) and ``cost_ratio`` (profiled where steps run on the device) are the run's,
+    set once it has warmed up."""
+
+    def __init__(self, cfg, setting: Setting, pair):
+        drafter = pair_drafter(setting, pair, cfg.compile, cfg.forward)  # before any decoding
+        self.decoder = specdec.Decoder(pair.target, drafter, setting.strategy, setting.draft_length,
+                                       setting.sampling, compile=cfg.compile, forward=cfg.forward)
+        self.k, self.tree = setting.identity.k, drafter.drafts_trees
+        self.compile_seconds: float | None = None
+        self.cost_ratio: float | None = None
+
+    def warm(self, input_ids, mask, max_new_tokens, eos_token_id, seed) -> None:
+        self.decoder.generate(input_ids, mask, max_new_tokens, eos_token_id, seed)
+
+    def profile(self, cfg, encoded: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.cost_ratio = profiled_cost_ratio(cfg, self.decoder, encoded, self.k)
+
+    def measure(self, input_ids, mask, max_new_tokens, eos_token_id, seed) -> Measured:
+        out = self.decoder.generate(input_ids, mask, max_new_tokens, eos_token_id, seed)
+        return Measured(out.tokens, lambda base, i: Metrics.measure(out.stats, base, i, self.k, self.tree,
+                                                                    self.compile_seconds, self.cost_ratio))
+
+
+class TransformersSide:
+    """transformers' generate (``setting.system``) over the loaded pair as the measured side, one prompt per call
+    (assisted generation refuses batches; the config check keeps batch_size = 1), timed here as our decoder times
+    itself (``specdec.Clock``: synchronised on GPU)."""
+
+    def __init__(self, setting: Setting, pair):
+        self.system, self.pair, self.k, self.sampling = setting.system, pair, setting.identity.k, setting.sampling
+        self.clock = specdec.Clock(pair.target.device)
+        self.compile_seconds: float | None = None
+
+    def warm(self, input_ids, mask, max_new_tokens, eos_token_id, seed) -> None:
+        self.measure(input_ids, mask, max_new_tokens, eos_token_id, seed)
+
+    def profile(self, cfg, encoded) -> None:
+        """transformers' phases are not timed apart: no cost ratio."""
+
+    def measure(self, input_ids, mask, max_new_tokens, eos_token_id, seed) -> Measured:
+        prompt = input_ids[0, mask[0].bool()].tolist()
+        start = self.clock.now()
+        tokens, calls = self.system.decode(self.pair, prompt, max_new_tokens, self.k, self.sampling, seed,
+                                           eos_token_id)
+        seconds = self.clock.now() - start
+        return Measured([tokens], lambda base, i: Metrics.measure_system(seconds, len(tokens), calls, base, i,
+                                                                         self.compile_seconds))
+
+
+def mean_log_likelihood(target: torch.nn.Module, prompt: list[int], tokens: list[int]) -> float | None:
+    """The target's mean log-probability per token of ``tokens`` after ``prompt`` (raw logits: temperature 1),
+    from one untimed forward; None for no tokens."""
+    if not tokens:
+        return None
+    ids = torch.tensor([prompt + tokens], device=target.device)  # [1, T + n]
+    with torch.inference_mode():
+        logits = target(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # [n, V]
+    chosen = torch.tensor(tokens, device=target.device)  # [n]
+    return float(torch.log_softmax(logits, -1).gather(-1, chosen[:, None]).mean())
+
+
+def resolved_settings(cfg: DictConfig, identity: RunIdentity) -> dict:
+    """What the config leaves open, as the run resolved it, for W&B's config: the device and dtype as loaded (the
+    requested values kept under ``requested``) and the run's k."""
+    return {"device": identity.device, "dtype": identity.dtype, "k": identity.k,
+            "requested": {"device": cfg.device, "dtype": cfg.dtype}}
+
+
+def warm_up(cfg, calls: tuple, encoded: list[tuple[torch.Tensor, torch.Tensor]], device) -> float | None:
+    """``cfg.warmup`` untimed rounds, each decoding with every side's call the widest batch of each batch size in
+    the run, EOS ignored, so a compiled decoder compiles before timing every shape it will meet: each batch size,
+    caches sized for the longest prompt (later calls reuse them), and every draft length the loop takes near the end
+    of ``max_new_tokens``. Returns the warm-up's seconds for a compiled run (where its compilations happen: reported
     apart from decode time as ``compile_seconds``), None for an eager one."""
     widest = {}
     for input_ids, mask in encoded:  # [B, T] each
@@ -346,8 +488,8 @@ def warm_up(cfg, decoders: tuple, encoded: list[tuple[torch.Tensor, torch.Tensor
     start = clock.now()
     for _ in range(cfg.warmup):
         for input_ids, mask in widest.values():
-            for decoder in decoders:
-                decoder.generate(input_ids, mask, cfg.max_new_tokens, None, cfg.seed)
+            for call in calls:
+                call(input_ids, mask, cfg.max_new_tokens, None, cfg.seed)
     if not cfg.compile:
         return None
     if not cfg.warmup:
@@ -387,27 +529,28 @@ def encode(tokenizer, texts: list[str], device: torch.device) -> tuple[torch.Ten
     return left_pad([tokenizer(text).input_ids for text in texts], pad_id or 0, device)
 
 
-def generate_or_explain(generate, decoder, input_ids, mask, batch):
-    """Generate; a prompt the library rejects (empty, too long) is named in the error."""
+def generate_or_explain(call, input_ids, mask, batch, cfg, eos):
+    """One side's call on a batch; a prompt the library rejects (empty, too long) is named in the error."""
     try:
-        return generate(decoder, input_ids, mask)
+        return call(input_ids, mask, cfg.max_new_tokens, eos, cfg.seed)
     except ValueError as err:
         ids = ", ".join(str(p.id) for p in batch)
         raise ValueError(f"prompt(s) {ids}: {err}") from err
 
 
 def make_row(setting: Setting, condition: Condition, prompt, prompt_tokens: int, i: int, batch_size: int,
-             spec: DecodeStats, base: DecodeStats, tree: bool = False, compile_seconds: float | None = None,
-             cost_ratio: float | None = None) -> Row:
-    """The row (docs/results-schema.md) of row ``i`` of a batch of ``batch_size`` that both decoders ran;
-    ``compile_seconds``: the run's warm-up (``warm_up``); ``cost_ratio``: the run's profiled one, for steps run on
-    the device (``profiled_cost_ratio``)."""
+             measured: Measured, base: specdec.GenerationOutput, log_likelihoods: tuple[float, float] | None = None
+             ) -> Row:
+    """The row (docs/results-schema.md) of row ``i`` of a batch of ``batch_size`` that both sides decoded;
+    ``log_likelihoods``: the target's mean log-likelihood of each side's output, for a lossy rule."""
     return Row(
         identity=replace(setting.identity, batch_size=batch_size),
         options=setting.options,
         condition=condition,
-        prompt=PromptColumns(prompt_id=str(prompt.id), prompt_hash=prompt.hash, prompt_tokens=prompt_tokens),
-        metrics=Metrics.measure(spec, base, i, setting.identity.k, tree, compile_seconds, cost_ratio),
+        prompt=PromptColumns(prompt_id=str(prompt.id), prompt_hash=prompt.hash, prompt_tokens=prompt_tokens,
+                             category=prompt.category),
+        metrics=measured.metrics(base.stats, i),
+        outputs=Outputs.of(measured.tokens[i], base.tokens[i], setting.sampling.is_greedy, log_likelihoods),
     )
 
 

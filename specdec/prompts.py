@@ -1,4 +1,6 @@
-"""Prompt sets: shipped ones by name, or local .jsonl / .txt files.
+"""Prompt sets: shipped ones by name, or local .jsonl / .txt files; a task suite is several sets as one
+(``load_suite``), each prompt keeping its ``category`` (MT-bench's eight, ``humaneval``, ``prose``), so that results
+can be read per category, as Spec-Bench's are. The shipped sets and their licences: specdec/prompts/README.md.
 
 A prompt's identity is its ``hash``: a short hex digest of its text and its source's name. Results are keyed by
 it (the ``prompt_hash`` column), so editing a prompt file (a line inserted, a text changed) can never pair a row
@@ -6,7 +8,8 @@ with another prompt's text. ``id`` is the name the set gives a prompt, or its ha
 """
 import hashlib
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
@@ -23,6 +26,7 @@ class Prompt:
     id: str  # the set's name for it, or its hash where the set gives none
     text: str
     source: str = ""  # the set's name, or the prompt file's name (not its directory: moving a file keeps ids)
+    category: str | None = None  # the set's category for it (e.g. MT-bench's "writing"), None where it gives none
 
     @property
     def hash(self) -> str:
@@ -35,8 +39,8 @@ def shipped_sets() -> list[str]:
 
 
 def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
-    """Load a shipped set by name, or a local .jsonl (objects with `text`, optional `id`) or .txt (one per line).
-    Every text of a set must be distinct: a prompt is known by its text."""
+    """Load a shipped set by name, or a local .jsonl (objects with `text`, optional `id` and `category`) or .txt
+    (one per line). Every text of a set must be distinct: a prompt is known by its text."""
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be None or >= 0, got {limit}")
     path = resolve_source(source)
@@ -86,8 +90,12 @@ def read_jsonl(path: Path, source: str) -> list[tuple[int, Prompt]]:
         given = record.get("id")
         if "id" in record and (isinstance(given, bool) or not isinstance(given, (str, int)) or given == ""):
             raise ValueError(f"{path}:{lineno}: 'id' must be a non-empty string or an integer, got {given!r}")
+        category = record.get("category")
+        if category is not None and (not isinstance(category, str) or not category.strip()):
+            raise ValueError(f"{path}:{lineno}: 'category' must be a non-empty string, got {category!r}")
         text = record["text"]
-        numbered.append((lineno, Prompt(str(given) if "id" in record else content_hash(source, text), text, source)))
+        numbered.append((lineno, Prompt(str(given) if "id" in record else content_hash(source, text), text, source,
+                                        category)))
     return numbered
 
 
@@ -109,3 +117,24 @@ def check_distinct(path: Path, numbered: list[tuple[int, Prompt]]) -> None:
         if earlier != lineno:
             raise ValueError(f"{path}:{lineno}: the same text as line {earlier}; every prompt of a set must be "
                              "distinct (results are keyed by the text)")
+
+
+def load_suite(name: str, sets: list[str], categories: dict[str, str] | None = None, per_set: int | None = None,
+               limit: int | None = None) -> list[Prompt]:
+    """A task suite called ``name``: the prompt ``sets`` (names or files, as ``load_prompts`` takes them) one after
+    the other, the first ``per_set`` of each (None: all), then the first ``limit`` of the whole (None: all). A
+    prompt whose set gives it no category takes ``categories[set]`` (e.g. {"embedded_heldout": "prose"})."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name must be a non-empty string naming the suite, got {name!r}")
+    if isinstance(sets, str) or not isinstance(sets, Sequence) or not sets:
+        raise ValueError(f"sets must be a non-empty list of prompt sets, got {sets!r}")
+    if per_set is not None and (isinstance(per_set, bool) or not isinstance(per_set, int) or per_set < 1):
+        raise ValueError(f"per_set must be an integer >= 1 or None, got {per_set!r}")
+    categories = dict(categories or {})
+    unknown = sorted(set(categories) - set(sets))
+    if unknown:
+        raise ValueError(f"categories names {unknown[0]!r}, which is not one of the sets {list(sets)}")
+    prompts = [prompt if prompt.category is not None or source not in categories
+               else replace(prompt, category=categories[source])
+               for source in sets for prompt in load_prompts(source, per_set)]
+    return prompts if limit is None else prompts[:limit]

@@ -5,7 +5,9 @@ here, so the two sides cannot drift apart. Plain Python and json (yaml and scipy
 that need them), so writing results pulls in neither pandas nor the analysis code.
 
 A row is a ``Row``: the run's ``RunIdentity``, its options' own parameters, the ``Condition`` it was measured in,
-its ``PromptColumns`` and its ``Metrics``, which ``Metrics.measure`` builds from the two decoders' ``DecodeStats``.
+its ``PromptColumns``, its ``Metrics``, which ``Metrics.measure`` builds from the two decoders' ``DecodeStats``, and
+its ``Outputs`` (the tokens both runs emitted). A run's summary (``summarize_rows``) holds per-prompt means and the
+pooled figures (``pooled``), each with its interval, and names the prompts too short to time.
 The column lists below are read off these records, and the tables of docs/results-schema.md are
 ``schema_tables()``. A run directory holds (docs/run-directories.md says what each guarantees)
 
@@ -31,7 +33,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple
 
-from specdec.stats import DecodeStats, RowStats, predicted_speedup, ratio
+from specdec.stats import DecodeStats, predicted_speedup, ratio
 
 CONFIG, ROWS, SUMMARY, SET_ASIDE = "config.yaml", "rows.jsonl", "summary.json", "rows.set-aside.jsonl"
 FAILURE, LOCK = "failure.json", "run.lock"
@@ -50,14 +52,23 @@ class RunIdentity:
     run_id: str = column("unique per run")
     group: str = column("shared by all runs of one sweep (W&B group)")
     pair: str = column("model pair preset, e.g. `embedded`, `gpt2-xl`")
-    drafter: str = column("`model`, `ngram`, `early_exit`, `tree`")
-    strategy: str = column("`greedy`, `speculative`, `typical`, `topk`, `synthetic`")
+    system: str = column(
+        "what decoded the measured side: `specdec` (our loop, speculative), `hf_generate` (transformers' "
+        "`generate()`), `hf_assisted` (transformers' assisted generation); the baseline is always our loop's")
+    system_settings: str | None = column(
+        "how a transformers system was called (its generation options), null for `specdec`")
+    drafter: str = column("the drafter's `name`: `model`, `ngram`, `early_exit`, `tree`, `dynamic_tree`, "
+                          "`cross_tokenizer`, or a custom drafter's own")
+    strategy: str = column("the strategy's `name`: `greedy`, `speculative`, `typical`, `topk`, `synthetic`, or a "
+                           "custom strategy's own")
     lossless: bool | None = column(
         "whether the strategy's output follows the target distribution exactly (false for `typical`, `topk`, "
         "`synthetic`, and `speculative` with lenience < 1)")
-    draft_length: str = column("draft-length policy: `fixed`, `heuristic`, `confidence`, `cost_optimal`")
+    draft_length: str = column("the draft-length policy's `name`: `fixed`, `heuristic`, `confidence`, "
+                               "`cost_optimal`, or a custom policy's own")
     k: int = column("draft length (max draft length for adaptive policies)")
-    sampling: str = column("sampling preset name, e.g. `greedy`, `t1`")
+    sampling: str = column("the sampling settings in short, from their values: `greedy` (temperature 0), "
+                           "`T=0.7`, `T=0.7, top_p=0.9`")
     temperature: float = column("sampling temperature (0: argmax)")
     top_k: int | None = column("top-k filter, null for none")
     top_p: float | None = column("top-p filter, null for none")
@@ -69,6 +80,10 @@ class RunIdentity:
     device: str = column("device the pair ran on, e.g. `cpu`, `cuda:0`")
     dtype: str = column("parameter dtype, e.g. `float32`")
     compile: bool = column("`compile=true`: compiled forwards over static caches (CUDA graphs on CUDA); false: eager")
+    forward: str = column("the models' forward as configured: `auto`, `lean` or `transformers`")
+    stop_at_eos: bool = column("whether a prompt ends at the tokenizer's EOS token")
+    threads: int | None = column("torch CPU threads, null for torch's default")
+    warmup: int = column("untimed warm-up rounds before the first timed prompt")
 
 
 @dataclass(frozen=True)
@@ -92,6 +107,9 @@ class PromptColumns:
         "the prompt's identity: 12 hex digits of SHA-256 over its source's name and its text. Resume and analysis "
         "key rows by it, so an edited prompt file never pairs a row with another text")
     prompt_tokens: int = column("prompt length in tokens")
+    category: str | None = column(
+        "the prompt's category where its set gives one (a task suite's: MT-bench's `writing`, ..., `humaneval`, "
+        "`prose`), else null")
 
 
 @dataclass(frozen=True)
@@ -115,6 +133,12 @@ class Metrics:
     per_position_acceptance: list[float | None] = column(
         "length k: a_i = P(draft token i accepted given 1..i-1 accepted), per depth for a tree; null where never "
         "reached. vLLM's per-position acceptance rate is unconditional: a_1 a_2 ... a_i")
+    per_position_attempts: list[int] = column(
+        "length k: times draft position i was verified (the denominator of a_i). Absent in rows written before it "
+        "existed")
+    per_position_accepted: list[int] = column(
+        "length k: times draft position i was accepted (the numerator of a_i). Absent in rows written before it "
+        "existed")
     accepted_histogram: list[int] = column(
         "length k + 1: h_j = verification steps that drafted and kept j drafts (the bonus token not counted), "
         "j = 0..k (vLLM's per-request acceptance histogram); sum_j j h_j = accepted, counted as A is: a tree, "
@@ -172,6 +196,8 @@ class Metrics:
             acceptance_rate=acceptance,
             mean_accepted_length=counts.mean_accepted_length,
             per_position_acceptance=counts.per_position,
+            per_position_attempts=counts.position_attempts,
+            per_position_accepted=counts.position_accepts,
             accepted_histogram=counts.steps_by_accepted,
             expected_acceptance=spec.expected_acceptance,
             draft_seconds=spec.draft_seconds,
@@ -193,6 +219,50 @@ class Metrics:
             compile_seconds=compile_seconds,
         )
 
+    @classmethod
+    def measure_system(cls, seconds: float, emitted: int, target_calls: int, base: DecodeStats, row: int,
+                       compile_seconds: float | None = None) -> Metrics:
+        """Row ``row`` of a prompt that another system (transformers) decoded in ``seconds``, emitting ``emitted``
+        tokens in ``target_calls`` target forwards, beside our baseline's ``base``: what such a system lets one
+        count (tau, time, speedup); what it does not report (drafts, acceptance, phases) is undefined."""
+        spec_per_token = ratio(seconds, emitted)
+        return cls(
+            emitted=emitted, drafted=None, accepted=None, target_calls=target_calls, draft_calls=None,
+            acceptance_rate=math.nan, mean_accepted_length=ratio(emitted, target_calls),
+            per_position_acceptance=[], per_position_attempts=[], per_position_accepted=[], accepted_histogram=[],
+            expected_acceptance=None, draft_seconds=math.nan, target_seconds=math.nan, other_seconds=math.nan,
+            spec_seconds=seconds, baseline_seconds=base.wall_seconds, baseline_emitted=base.rows[row].emitted,
+            spec_tokens_per_s=ratio(emitted, seconds), baseline_tokens_per_s=base.tokens_per_second,
+            speedup=ratio(ratio(base.wall_seconds, base.emitted), spec_per_token), cost_ratio=math.nan,
+            cost_ratio_source=None, predicted_speedup=math.nan, ttft_seconds=math.nan, itl_seconds=math.nan,
+            baseline_ttft_seconds=base.ttft_seconds, baseline_itl_seconds=base.itl_seconds,
+            compile_seconds=compile_seconds,
+        )
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """What the two runs of a prompt emitted, so that a lossy rule's quality can be judged after the fact."""
+
+    tokens: list[int] = column("the token ids the measured run emitted (up to and including EOS)")
+    baseline_tokens: list[int] = column("the token ids the baseline run emitted")
+    identical_output: bool | None = column(
+        "at temperature 0: whether `tokens` equals `baseline_tokens` (a lossless rule must give true); null when "
+        "sampling, where two exact samplers differ by chance")
+    log_likelihood: float | None = column(
+        "for a lossy rule: the target's mean log-probability per token of `tokens` given the prompt and the tokens "
+        "before (raw logits, temperature 1); null for a lossless rule")
+    baseline_log_likelihood: float | None = column(
+        "for a lossy rule: the same of `baseline_tokens`, the target's own decoding, to compare quality with")
+
+    @classmethod
+    def of(cls, tokens: list[int], baseline_tokens: list[int], greedy: bool,
+           log_likelihoods: tuple[float, float] | None = None) -> Outputs:
+        """The outputs of one prompt; ``log_likelihoods``: (measured, baseline), given for a lossy rule."""
+        measured, baseline = log_likelihoods if log_likelihoods is not None else (None, None)
+        return cls(list(tokens), list(baseline_tokens), list(tokens) == list(baseline_tokens) if greedy else None,
+                   measured, baseline)
+
 
 @dataclass(frozen=True)
 class Row:
@@ -204,16 +274,17 @@ class Row:
     condition: Condition
     prompt: PromptColumns
     metrics: Metrics
+    outputs: Outputs
 
     def to_json(self) -> dict:
         """The flat object rows.jsonl holds, in column order; undefined metrics (NaN) as null."""
         parts = (asdict(self.identity), self.options, asdict(self.condition), asdict(self.prompt),
-                 asdict(self.metrics))
+                 asdict(self.metrics), asdict(self.outputs))
         return json_ready({key: value for part in parts for key, value in part.items()})
 
 
 # The records whose fields are a row's columns, in row order (a row's options sit between the first two).
-SCHEMA_RECORDS = (RunIdentity, Condition, PromptColumns, Metrics)
+SCHEMA_RECORDS = (RunIdentity, Condition, PromptColumns, Metrics, Outputs)
 
 
 def names(record) -> tuple[str, ...]:
@@ -224,12 +295,11 @@ IDENTITY_COLUMNS = names(RunIdentity)
 CONDITION_COLUMNS = names(Condition)
 PROMPT_COLUMNS = names(PromptColumns)
 METRIC_COLUMNS = names(Metrics)
-# Metrics whose value is a list (one per draft position); a W&B table holds them as JSON text.
-LIST_COLUMNS = tuple(f.name for f in fields(Metrics) if str(f.type).startswith("list"))
+OUTPUT_COLUMNS = names(Outputs)
+# Columns whose value is a list (per draft position, or token ids); a W&B table holds them as JSON text.
+LIST_COLUMNS = tuple(f.name for record in (Metrics, Outputs) for f in fields(record) if str(f.type).startswith("list"))
 # What makes a JSON object a row: which run, which prompt.
 ROW_KEY = ("run_id", "prompt_id")
-# Counts a row shares with specdec.stats.RowStats: the pooled summary sums them into one.
-COUNT_COLUMNS = tuple(name for name in names(RowStats) if name in METRIC_COLUMNS)
 # Metrics summarised per run as the mean over prompts with a 95% Student t interval (summary.json, analysis/).
 INTERVAL_METRICS = (
     "speedup", "acceptance_rate", "mean_accepted_length", "spec_tokens_per_s", "baseline_tokens_per_s",
@@ -255,7 +325,7 @@ def annotation_types(annotation: str, nullable: bool) -> tuple[type, ...]:
 
 
 # Column -> (its annotation, the types its values may have). Metrics are null where undefined (NaN).
-COLUMN_TYPES = {f.name: (f.type, annotation_types(f.type, nullable=record is Metrics))
+COLUMN_TYPES = {f.name: (f.type, annotation_types(f.type, nullable=record in (Metrics, Outputs)))
                 for record in SCHEMA_RECORDS for f in fields(record)}
 
 
@@ -280,15 +350,167 @@ def json_ready(value):
     return value
 
 
-def pooled(rows: list[dict]) -> dict:
-    """The rows' counts summed into one ``RowStats``, with its acceptance rate and mean accepted length (the
-    definitions of specdec.stats), and the tokens both runs emitted: a cross-check of the per-prompt means."""
-    def total(name: str) -> int:
-        return int(math.fsum(finite_values(row.get(name) for row in rows)))
+# Pooled figures: each a ratio of totals over the run's prompts, as Spec-Bench and vLLM report them, so that a prompt
+# counts by its tokens and its time rather than one vote each. Timings are a batch's, repeated on each of its rows:
+# a row adds seconds / batch_size, so the rows of a batch add the batch's seconds once. figure -> the per-row terms
+# it sums, and the figure from their totals (plain numbers or numpy arrays of bootstrap totals).
+POOLED_FIGURES = {
+    "speedup": (("baseline_seconds", "baseline_emitted", "spec_seconds", "emitted"),
+                lambda t: divide(t["baseline_seconds"] * t["emitted"], t["baseline_emitted"] * t["spec_seconds"])),
+    "acceptance_rate": (("accepted", "drafted"), lambda t: divide(t["accepted"], t["drafted"])),
+    "mean_accepted_length": (("emitted", "target_calls"), lambda t: divide(t["emitted"], t["target_calls"])),
+    "spec_tokens_per_s": (("emitted", "spec_seconds"), lambda t: divide(t["emitted"], t["spec_seconds"])),
+    "baseline_tokens_per_s": (("baseline_emitted", "baseline_seconds"),
+                              lambda t: divide(t["baseline_emitted"], t["baseline_seconds"])),
+}
+POOLED_DEFINITIONS = {
+    "speedup": "total baseline seconds per baseline token / total speculative seconds per emitted token (total "
+               "time over total time where both runs emit the same tokens)",
+    "acceptance_rate": "total accepted / total drafted",
+    "mean_accepted_length": "total emitted / total target calls (tau)",
+    "spec_tokens_per_s": "total emitted / total speculative seconds",
+    "baseline_tokens_per_s": "total baseline tokens / total baseline seconds",
+}
+BOOTSTRAP_SAMPLES = 2000  # resamples of the prompts for a pooled figure's interval
+BOOTSTRAP_SEED = 0  # the same rows give the same interval
+# Per-prompt means of these metrics leave out prompts too short to time (``too_short``): a prompt that ended in its
+# first step measured a prefill, not decoding, and its ratio would swing the mean.
+TIMED_METRICS = ("speedup", "spec_tokens_per_s", "baseline_tokens_per_s", "cost_ratio", "predicted_speedup")
+SHORT_RULE = ("the speculative run ended within its first target call (so no decode step was timed), or the "
+              "baseline emitted fewer than 2 tokens")
 
-    totals = RowStats(**{name: total(name) for name in COUNT_COLUMNS}, position_attempts=[], position_accepts=[])
-    return {"acceptance_rate": totals.acceptance_rate, "mean_accepted_length": totals.mean_accepted_length,
-            "emitted": totals.emitted, "baseline_emitted": total("baseline_emitted")}
+
+def divide(numerator, denominator):
+    """numerator / denominator, NaN where the denominator is 0: for numbers and numpy arrays alike."""
+    import numpy as np
+
+    numerator, denominator = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+    quotient = np.divide(numerator, denominator, out=np.full(np.broadcast(numerator, denominator).shape, math.nan),
+                         where=denominator != 0)
+    return float(quotient) if quotient.ndim == 0 else quotient
+
+
+def too_short(row: dict) -> bool:
+    """Whether a prompt is too short to time (``SHORT_RULE``)."""
+    calls, baseline = row.get("target_calls"), row.get("baseline_emitted")
+    return (is_number(calls) and calls < 2) or (is_number(baseline) and baseline < 2)
+
+
+def is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def row_terms(row: dict) -> dict[str, float]:
+    """What a row adds to the pooled totals: its counts, and each run's seconds as its share of its batch's; NaN
+    where the row has no such number."""
+    share = row.get("batch_size") if is_number(row.get("batch_size")) and row.get("batch_size") > 0 else 1
+
+    def term(name: str, divisor: float = 1) -> float:
+        value = row.get(name)
+        return value / divisor if is_number(value) else math.nan
+
+    return {"accepted": term("accepted"), "drafted": term("drafted"), "emitted": term("emitted"),
+            "target_calls": term("target_calls"), "baseline_emitted": term("baseline_emitted"),
+            "spec_seconds": term("spec_seconds", share), "baseline_seconds": term("baseline_seconds", share)}
+
+
+def bootstrap_indices(n: int):
+    """[BOOTSTRAP_SAMPLES, n] prompt indices, each row a resample of the n prompts with replacement."""
+    import numpy as np
+
+    return np.random.default_rng(BOOTSTRAP_SEED).integers(0, n, (BOOTSTRAP_SAMPLES, n))
+
+
+def interval(samples, level: float = 0.95) -> tuple[float, float]:
+    """The percentile interval of the finite bootstrap samples."""
+    import numpy as np
+
+    finite = samples[np.isfinite(samples)]
+    if not finite.size:
+        return math.nan, math.nan
+    low, high = np.percentile(finite, [50 * (1 - level), 50 * (1 + level)])
+    return float(low), float(high)
+
+
+def pooled_figure(rows: list[dict], figure: str) -> dict:
+    """One pooled figure (``POOLED_FIGURES``) over the rows holding all its terms: its value, a 95% percentile
+    bootstrap interval over prompts (NaN with fewer than ``MIN_PROMPTS_FOR_INTERVAL`` prompts) and the prompts."""
+    import numpy as np
+
+    names, formula = POOLED_FIGURES[figure]
+    terms = np.array([[row_terms(row)[name] for name in names] for row in rows], dtype=float).reshape(-1, len(names))
+    terms = terms[np.isfinite(terms).all(axis=1)]  # [n, terms]
+    n = len(terms)
+    value = formula(dict(zip(names, terms.sum(axis=0)))) if n else math.nan
+    low = high = math.nan
+    if n >= MIN_PROMPTS_FOR_INTERVAL:
+        totals = terms[bootstrap_indices(n)].sum(axis=1)  # [samples, terms]
+        low, high = interval(formula(dict(zip(names, totals.T))))
+    return {"value": value, "ci_low": low, "ci_high": high, "prompts": n}
+
+
+def pooled_per_position(rows: list[dict]) -> list[dict]:
+    """Per draft position i: a_i = total accepted at i / total verified at i, its bootstrap interval over prompts,
+    and the count it rests on (``attempts``). Rows without the counts (written before they existed) add nothing."""
+    import numpy as np
+
+    counted = [(row["per_position_accepted"], row["per_position_attempts"]) for row in rows
+               if isinstance(row.get("per_position_accepted"), list)
+               and isinstance(row.get("per_position_attempts"), list)]
+    width = max((len(attempts) for _, attempts in counted), default=0)
+    if not width:
+        return []
+    accepted = np.zeros((len(counted), width))  # [n, k]
+    attempts = np.zeros((len(counted), width))  # [n, k]
+    for i, (kept, tried) in enumerate(counted):
+        accepted[i, : len(kept)], attempts[i, : len(tried)] = kept, tried
+    values = divide(accepted.sum(0), attempts.sum(0))  # [k]
+    bounds = np.full((2, width), math.nan)
+    if len(counted) >= MIN_PROMPTS_FOR_INTERVAL:
+        index = bootstrap_indices(len(counted))
+        samples = divide(accepted[index].sum(1), attempts[index].sum(1))  # [samples, k]
+        bounds = np.array([interval(samples[:, i]) for i in range(width)]).T
+    return [{"value": float(values[i]), "ci_low": float(bounds[0, i]), "ci_high": float(bounds[1, i]),
+             "attempts": int(attempts[:, i].sum())} for i in range(width)]
+
+
+def summed_histogram(rows: list[dict]) -> list[int]:
+    """The rows' accepted histograms (h_j, j = 0..k) summed entry by entry; rows without one add nothing."""
+    lists = [row["accepted_histogram"] for row in rows if isinstance(row.get("accepted_histogram"), list)]
+    width = max(map(len, lists), default=0)
+    return [int(sum(h[j] for h in lists if j < len(h) and is_number(h[j]))) for j in range(width)]
+
+
+def pooled(rows: list[dict]) -> dict:
+    """The run's pooled figures (``POOLED_FIGURES``), each with its interval, per-position acceptance pooled with
+    its counts, the summed accepted histogram, and the totals they rest on."""
+    totals = {name: math.fsum(finite_values(row_terms(row)[name] for row in rows))
+              for name in ("emitted", "baseline_emitted", "spec_seconds", "baseline_seconds")}
+    return {**{figure: pooled_figure(rows, figure) for figure in POOLED_FIGURES},
+            "per_position_acceptance": pooled_per_position(rows), "accepted_histogram": summed_histogram(rows),
+            "emitted": int(totals["emitted"]), "baseline_emitted": int(totals["baseline_emitted"]),
+            "spec_seconds": totals["spec_seconds"], "baseline_seconds": totals["baseline_seconds"]}
+
+
+def per_prompt_means(rows: list[dict]) -> dict:
+    """Per metric of ``INTERVAL_METRICS``: mean and 95% t interval over prompts, and ``n`` the prompts with a
+    value; a timed metric (``TIMED_METRICS``) leaves out the prompts too short to time."""
+    timed = [row for row in rows if not too_short(row)]
+    means = {}
+    for name in INTERVAL_METRICS:
+        values = finite_values(row.get(name) for row in (timed if name in TIMED_METRICS else rows))
+        mean, low, high = confidence_interval(values, metric=name)
+        means[name] = {"mean": mean, "ci_low": low, "ci_high": high, "n": len(values)}
+    return means
+
+
+def summarize_rows(rows: list[dict]) -> dict:
+    """A run's summary (summary.json, the console table, W&B's run summary): per-prompt means (``metrics``), the
+    pooled figures (``pooled``), and the prompts too short to time, counted and named (``short_prompts``).
+    ``rows`` are one per prompt (``read_rows`` keeps one)."""
+    short = [str(row.get("prompt_id")) for row in rows if too_short(row)]
+    return {"prompts": len(rows), "metrics": per_prompt_means(rows), "pooled": pooled(rows),
+            "short_prompts": {"count": len(short), "prompt_ids": short, "rule": SHORT_RULE}}
 
 
 def confidence_interval(values, level: float = 0.95, metric: str | None = None) -> tuple[float, float, float]:

@@ -45,12 +45,14 @@ SWEEP = (
 
 
 def make_row(run_id, prompt_id, strategy="speculative", k=4, speedup=1.5, acceptance=0.8, **overrides):
-    """A complete row of the results schema with self-consistent counts."""
+    """A complete row of the results schema with self-consistent counts and timings (both runs emit the same
+    tokens, so the speculative run took baseline seconds / speedup)."""
     drafted, accepted = 10 * k, round(10 * k * acceptance)
     emitted, target_calls = accepted + 10, 10
     baseline_tokens_per_s = 50.0
     row = dict(
         run_id=run_id, group="sweep-a", pair="embedded", drafter="model", strategy=strategy,
+        lossless=strategy not in ("typical", "topk", "synthetic"),
         draft_length="fixed", k=k, sampling="greedy", temperature=0.0, top_k=None, top_p=None, min_p=None,
         max_new_tokens=64, seed=0, batch_size=1, data="tiny", device="cpu", dtype="float32",
         prompt_id=prompt_id, prompt_tokens=12,
@@ -58,7 +60,7 @@ def make_row(run_id, prompt_id, strategy="speculative", k=4, speedup=1.5, accept
         acceptance_rate=acceptance, mean_accepted_length=emitted / target_calls,
         per_position_acceptance=[acceptance] * (k - 1) + [None],  # the last position never reached
         expected_acceptance=None,
-        draft_seconds=0.1, target_seconds=0.5, other_seconds=0.05, spec_seconds=0.65, baseline_seconds=1.0,
+        draft_seconds=0.1, target_seconds=0.5, other_seconds=0.05, spec_seconds=1.0 / speedup, baseline_seconds=1.0,
         baseline_emitted=emitted, spec_tokens_per_s=baseline_tokens_per_s * speedup,
         baseline_tokens_per_s=baseline_tokens_per_s, speedup=speedup, cost_ratio=0.1,
         predicted_speedup=1.0, ttft_seconds=0.01, itl_seconds=0.01, baseline_ttft_seconds=0.01,
@@ -446,18 +448,24 @@ def test_report_writes_markdown_tables_and_plots(sweep, tmp_path, capsys):
         assert f"]({png})" in report
     for csv in ("summary.csv", "pivot_speedup.csv", "pivot_acceptance_rate.csv", "pivot_mean_accepted_length.csv"):
         assert (out / csv).stat().st_size > 0
-    # typical k=4 (1.9x) beats speculative k=4 (1.6x) by 1.9 / 1.6 = 1.1875
-    assert "**Fastest:** strategy=typical, k=4, mean speedup 1.90×" in report
-    assert "1.19× the next best (strategy=speculative, k=4: 1.60×)" in report
+    # Pooled speedups are harmonic means of the prompts' here (equal baseline seconds and tokens). The lossless
+    # speculative k=4 (1.5, 1.6, 1.7: 1.596) beats k=2 (1.3, 1.4, 1.5: 1.395); the lossy typical k=4 (1.8, 1.9, 2.0:
+    # 1.896) is crowned apart, beating typical k=2 (1.4, 1.5, 1.6: 1.496).
+    assert ("**Fastest lossless:** strategy=speculative, k=4, pooled speedup 1.60× over the autoregressive baseline "
+            "(95% bootstrap CI") in report
+    assert "1.14× the next lossless (strategy=speculative, k=2: 1.40×)" in report
+    assert "**Fastest lossy:** strategy=typical, k=4, pooled speedup 1.90×" in report
+    assert "1.27× the next lossy (strategy=typical, k=2: 1.50×)" in report
     assert "**Partial run**" in report and str((sweep / "4").resolve()) in report
-    assert "| strategy | k=2 | k=4 | k=6 |" in report
+    assert "| strategy | lossless | k=2 | k=4 | k=6 |" in report and "| typical | no | 1.5 | 1.9 | 1.15 |" in report
+    assert "| strategy=typical, k=4 (lossy) |" in report and "| strategy=speculative, k=4 |" in report  # every table
 
 
 def test_report_defaults_to_the_first_dir_and_handles_a_single_run(tmp_path):
     run = write_run(tmp_path / "run", [make_row("a", "p0", speedup=1.2), make_row("a", "p1", speedup=1.4)])
     assert main([str(run)]) == 0
     report = (run / "report.md").read_text()
-    assert "**Fastest:** strategy=speculative, k=4, mean speedup 1.30×" in report
+    assert "**Fastest lossless:** strategy=speculative, k=4, pooled speedup 1.29×" in report  # 2 / (1/1.2 + 1/1.4)
     assert "A single setting was run" in report
 
 

@@ -148,9 +148,13 @@ def test_a_drafter_that_reads_no_pair_is_built_before_loading(tiny):
     assert isinstance(objects["drafter"], specdec.NGramDrafter) and objects["drafter"].max_ngram == 4
 
 
-def test_a_drafter_target_that_is_not_a_factory_is_refused(tiny):
-    message = refusal(["drafter._target_=specdec.ModelDrafter"], tiny)
-    assert "drafter._target_='specdec.ModelDrafter' is not allowed: must be a drafter's factory" in message
+def test_a_drafter_class_is_built_through_its_factory_and_anything_else_is_refused(tiny):
+    """A drafter class (a custom one's, issue 34) is as good as its factory; a target that is neither is refused."""
+    objects, _ = validate(compose_run([*tiny_overrides(tiny), "drafter._target_=specdec.ModelDrafter"]))
+    assert objects["drafter_factory"].func == specdec.ModelDrafter.from_pair and objects["drafter_name"] == "model"
+    message = refusal(["drafter._target_=specdec.SamplingConfig"], tiny)
+    assert ("drafter._target_='specdec.SamplingConfig' is not allowed: must be a drafter class (a subclass of "
+            "specdec.Drafter) or its factory") in message
 
 
 # --- Hydra keys, checked by the CheckLaunch callback before any directory or job ---------------------------------

@@ -193,22 +193,29 @@ def test_killed_job_run_again_continues_and_decodes_each_prompt_once(tmp_path):
 
 def test_failed_job_is_named_in_the_report_and_the_sweep_exits_with_its_status(tiny, tmp_path, monkeypatch, capfd):
     """A job that fails records its error and returns, so the other jobs run and the report is written; a run of
-    the same job that succeeds clears the mark."""
+    the same job that succeeds clears the mark. (The failure is one the sweep's check cannot see before the job
+    reads its prompts: two prompts sharing an id. A setting wrong before any prompt is read stops the whole sweep
+    before any job: tests/test_sweep_checks.py.)"""
     sweep_dir = tmp_path / "sweep"
+    repeated = tmp_path / "repeated.jsonl"
+    repeated.write_text('{"id": "a", "text": "the first time he said"}\n{"id": "a", "text": "she was not there"}\n')
     overrides = tiny_overrides(tiny, num_prompts=2, max_new_tokens=4, warmup=0)
     with pytest.raises(SystemExit) as exit_info:
-        main(["-m", "draft_length.k=0,2", *overrides, f"hydra.sweep.dir={sweep_dir}"], monkeypatch)
+        main(["-m", *overrides, f"data.source={repeated},{tiny['prompts']}", f"hydra.sweep.dir={sweep_dir}"],
+             monkeypatch)
     assert exit_info.value.code == 2
     failure = json.loads((sweep_dir / "0" / "failure.json").read_text())
-    assert failure == {"exit_code": 2, "error": "config error: draft_length.k=0: k must be an integer >= 1, got 0"}
+    error = f"config error: data.source='{repeated}': prompt ids must be unique"
+    assert failure["exit_code"] == 2 and failure["error"].startswith(error)
     assert len(rows_of(sweep_dir / "1")) == 2
     report = (sweep_dir / "report.md").read_text()
-    assert f"- **Failed job** `{(sweep_dir / '0').resolve()}`: config error: draft_length.k=0" in report
+    assert f"- **Failed job** `{(sweep_dir / '0').resolve()}`: {error}" in report
     assert "1 runs, 2 (run, prompt) rows" in report
     err = capfd.readouterr().err
-    assert f"sweep: 1 job(s) failed (job 0: config error: draft_length.k=0" in err and "report.md" in err
+    assert f"sweep: 1 job(s) failed (job 0: {error}" in err and "report.md" in err
 
-    main(["-m", "draft_length.k=3", *overrides, f"hydra.sweep.dir={sweep_dir}"], monkeypatch)  # job 0 again, fixed
+    repeated.write_text('{"id": "a", "text": "the first time he said"}\n{"id": "b", "text": "she was not there"}\n')
+    main(["-m", *overrides, f"data.source={repeated}", f"hydra.sweep.dir={sweep_dir}"], monkeypatch)  # fixed
     assert not (sweep_dir / "0" / "failure.json").exists() and len(rows_of(sweep_dir / "0")) == 2
     assert "Failed job" not in (sweep_dir / "report.md").read_text()
 

@@ -17,9 +17,9 @@ from omegaconf import OmegaConf
 
 import specdec
 
-GROUPS = ("pair", "drafter", "strategy", "draft_length", "sampling", "data", "logger")
+GROUPS = ("pair", "drafter", "strategy", "draft_length", "sampling", "system", "data", "logger")
 OPTIONS = [(group, path.stem) for group in GROUPS for path in sorted((CONFIGS / group).glob("*.yaml"))]
-MODEL_FREE = ("drafter", "strategy", "draft_length", "sampling", "logger")
+MODEL_FREE = ("drafter", "strategy", "draft_length", "sampling", "system", "logger")
 
 
 def compose_run(overrides=(), hydra=False):
@@ -37,7 +37,8 @@ def test_every_group_has_the_expected_options():
     assert names["drafter"] == {
         "model", "ngram", "early_exit", "tree", "dynamic_tree", "tree_searched", "cross_tokenizer"
     }
-    assert names["data"] == {"embedded_heldout", "file"} and names["logger"] == {"none", "wandb"}
+    assert names["data"] == {"embedded_heldout", "file", "task_suite"} and names["logger"] == {"none", "wandb"}
+    assert names["system"] == {"specdec", "hf_generate", "hf_assisted"}
 
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
@@ -109,6 +110,15 @@ def test_gpt2_xl_study_preset():
     assert {job["draft_length.k"] for job in jobs} == {str(k) for k in range(1, 9)}
     assert {job["strategy"] for job in jobs} == {"greedy", "speculative", "typical", "topk"}
     assert {job["sampling"] for job in jobs} == {"greedy", "t1"}
+
+
+def test_task_suite_preset_runs_mt_bench_humaneval_and_prose_on_the_embedded_pair():
+    cfg = compose_run(["experiment=task_suite"])
+    assert cfg.pair.preset == "embedded" and cfg.device == "cpu" and cfg.num_prompts is None
+    prompts = instantiate(cfg.data)
+    counts = {category: sum(p.category == category for p in prompts) for category in {p.category for p in prompts}}
+    assert counts == {"writing": 10, "roleplay": 10, "reasoning": 10, "math": 10, "coding": 10, "extraction": 10,
+                      "stem": 10, "humanities": 10, "humaneval": 80, "prose": 80}
 
 
 def test_embedded_sweep_preset_and_command_line_wins():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -17,11 +18,11 @@ from conftest import CONFIGS, REPO, tiny_overrides
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from experiments import rundir, runner
+from experiments import runner
 from experiments import run as run_app
 from experiments.config_checks import ConfigError
 from experiments.loggers import WandbLogger, WandbWarning
-from specdec.results import METRIC_COLUMNS
+from specdec.results import METRIC_COLUMNS, summarize_rows
 
 
 def schema_columns() -> list[str]:
@@ -427,9 +428,15 @@ def test_unknown_group_option_is_rejected_by_hydra(tmp_path, monkeypatch, capsys
     assert exit_info.value.code != 0 and "medusa" in capsys.readouterr().err and loads["pair"] == 0
 
 
+class FakeConfig(dict):
+    def update(self, values, allow_val_change=False):
+        super().update(values)
+
+
 class FakeRun:
     def __init__(self, fail_on):
         self.fail_on, self.logged, self.summary, self.finished = fail_on, [], {}, False
+        self.config = FakeConfig()
 
     def define_metric(self, *args, **kwargs):
         pass
@@ -476,7 +483,11 @@ def test_wandb_failures_warn_once_and_the_run_goes_on(fail_on, tiny, tmp_path, m
         run = wandb.runs[0]
         assert run.kwargs["group"] == "g1" and run.kwargs["mode"] == "offline" and run.kwargs["config"]["group"] == "g1"
         assert [step["prompt_index"] for step in run.logged[:3]] == [0, 1, 2] and "rows" in run.logged[3]
-        assert run.summary["metrics/speedup/mean"] > 0 and run.finished
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert run.summary["speedup"] == summary["pooled"]["speedup"]["value"] > 0 and run.finished
+        assert run.summary["per_prompt/speedup"] == summary["metrics"]["speedup"]["mean"]
+        assert run.config == {"device": "cpu", "dtype": "float32", "k": 4,
+                              "requested": {"device": "cpu", "dtype": "float32"}}
         assert run.kwargs["settings"]["init_timeout"] == 15.0  # not W&B's 90 s: an unreachable server costs seconds
     else:
         assert len(ours) == 1 and fail_on in str(ours[0].message)
@@ -513,19 +524,23 @@ def test_wandb_logger_disabled_mode_needs_no_account(tmp_path):
 
 
 def test_summary_statistics():
-    mean, low, high, n = rundir.mean_ci([1.0, 2.0, 3.0, None])
-    assert (mean, n) == (2.0, 3) and high - mean == pytest.approx(4.3026527 * 1.0 / 3**0.5)  # t_{0.975, 2}
-    assert rundir.mean_ci([2.0])[1] != rundir.mean_ci([2.0])[1]  # NaN: no interval from one prompt
+    means = summarize_rows([{"speedup": v, "prompt_id": str(i)} for i, v in enumerate([1.0, 2.0, 3.0, None])])
+    metric = means["metrics"]["speedup"]
+    assert (metric["mean"], metric["n"]) == (2.0, 3)
+    assert metric["ci_high"] - 2.0 == pytest.approx(4.3026527 * 1.0 / 3**0.5)  # t_{0.975, 2}
+    one = summarize_rows([{"speedup": 2.0, "prompt_id": "a"}])["metrics"]["speedup"]
+    assert math.isnan(one["ci_low"])  # no interval from one prompt
 
 
 def test_run_summary_prints_no_interval_for_two_prompts_and_clips_to_the_range():
     """Two prompts: the summary says why there is no interval instead of printing [-2.59, 4.07]; three spread-out
     acceptance rates: the interval stops at [0, 1]."""
-    two = [{"acceptance_rate": 0.1, "speedup": 1.0}, {"acceptance_rate": 0.9, "speedup": 2.0}]
-    table = rundir.format_table(rundir.summarize(two), "title")
+    two = [{"acceptance_rate": 0.1, "speedup": 1.0, "prompt_id": "a"},
+           {"acceptance_rate": 0.9, "speedup": 2.0, "prompt_id": "b"}]
+    table = runner.format_table(summarize_rows(two), "title")
     assert "n/a (< 3 prompts)" in table and "-" not in table.split("acceptance_rate")[1].splitlines()[0]
-    three = [{"acceptance_rate": value} for value in (0.02, 0.5, 0.98)]
-    metric = rundir.summarize(three)["metrics"]["acceptance_rate"]
+    three = [{"acceptance_rate": value, "prompt_id": str(value)} for value in (0.02, 0.5, 0.98)]
+    metric = summarize_rows(three)["metrics"]["acceptance_rate"]
     assert (metric["ci_low"], metric["ci_high"]) == (0.0, 1.0)
 
 

@@ -13,7 +13,6 @@ from conftest import REPO
 
 from specdec.results import (
     CONDITION_COLUMNS,
-    COUNT_COLUMNS,
     DUPLICATE,
     IDENTITY_COLUMNS,
     INTERVAL_METRICS,
@@ -22,10 +21,12 @@ from specdec.results import (
     METRIC_RANGES,
     NOT_A_ROW,
     OTHER_RUN,
+    OUTPUT_COLUMNS,
     PROMPT_COLUMNS,
     UNREADABLE,
     Condition,
     Metrics,
+    Outputs,
     PromptColumns,
     Row,
     RunIdentity,
@@ -57,13 +58,13 @@ def test_the_documented_tables_are_generated_from_the_record():
 
 
 def test_the_column_lists_are_the_records_fields_and_do_not_overlap():
-    groups = (IDENTITY_COLUMNS, CONDITION_COLUMNS, PROMPT_COLUMNS, METRIC_COLUMNS)
-    records = (RunIdentity, Condition, PromptColumns, Metrics)
+    groups = (IDENTITY_COLUMNS, CONDITION_COLUMNS, PROMPT_COLUMNS, METRIC_COLUMNS, OUTPUT_COLUMNS)
+    records = (RunIdentity, Condition, PromptColumns, Metrics, Outputs)
     assert [list(g) for g in groups] == [[f.name for f in fields(r)] for r in records]
     every = [name for group in groups for name in group]
     assert len(every) == len(set(every))
-    assert COUNT_COLUMNS == ("emitted", "drafted", "accepted", "target_calls") and LIST_COLUMNS == (
-        "per_position_acceptance", "accepted_histogram")
+    assert LIST_COLUMNS == ("per_position_acceptance", "per_position_attempts", "per_position_accepted",
+                            "accepted_histogram", "tokens", "baseline_tokens")
 
 
 def test_interval_metrics_are_metrics_with_a_range():
@@ -116,29 +117,44 @@ def test_steps_not_timed_by_phase_take_the_profiled_cost_ratio_and_say_so():
 
 
 def a_row(prompt_id: str = "p0", speedup: float = 1.5, **options) -> Row:
-    identity = RunIdentity("run-1", "g", "embedded", "model", "speculative", True, "fixed", 2, "greedy", 0.0, None,
-                           None, None, 8, 0, 1, "embedded_heldout", "cpu", "float32", False)
+    identity = RunIdentity("run-1", "g", "embedded", "specdec", None, "model", "speculative", True, "fixed", 2,
+                           "greedy", 0.0, None, None, None, 8, 0, 1, "embedded_heldout", "cpu", "float32", False,
+                           "auto", True, None, 1)
     spec = stats([RowStats(9, 8, 6, 3, [3, 3], [3, 2])], wall=1.0)
     metrics = Metrics.measure(spec, spec, 0, 2, False)
-    return Row(identity, options, Condition("host-a", 1), PromptColumns(prompt_id, "0123456789ab", 5),
-               Metrics(**{**{f.name: getattr(metrics, f.name) for f in fields(Metrics)}, "speedup": speedup}))
+    return Row(identity, options, Condition("host-a", 1), PromptColumns(prompt_id, "0123456789ab", 5, None),
+               Metrics(**{**{f.name: getattr(metrics, f.name) for f in fields(Metrics)}, "speedup": speedup}),
+               Outputs.of([1, 2], [1, 2], greedy=True))
 
 
 def test_a_row_is_flat_in_column_order_with_undefined_metrics_as_null():
     row = a_row(speedup=math.nan, strategy_lenience=1.0).to_json()
     assert list(row) == [*IDENTITY_COLUMNS, "strategy_lenience", *CONDITION_COLUMNS, *PROMPT_COLUMNS,
-                         *METRIC_COLUMNS]
+                         *METRIC_COLUMNS, *OUTPUT_COLUMNS]
     assert row["speedup"] is None and row["prompt_hash"] == "0123456789ab"
     assert json.loads(json.dumps(row, allow_nan=False)) == row
 
 
 def test_pooled_metrics_follow_row_stats():
+    """The pooled counts are RowStats' definitions over the summed counts. (summary.json's `pooled` now also holds
+    the pooled timings and an interval for each figure: tests/test_pooled.py.)"""
     rows = [{"emitted": 9, "drafted": 8, "accepted": 6, "target_calls": 3, "baseline_emitted": 9},
             {"emitted": 4, "drafted": 0, "accepted": 0, "target_calls": 4, "baseline_emitted": None}]
     totals = RowStats(13, 8, 6, 7, [], [])
-    assert pooled(rows) == {"acceptance_rate": totals.acceptance_rate, "mean_accepted_length":
-                            totals.mean_accepted_length, "emitted": 13, "baseline_emitted": 9}
-    assert math.isnan(pooled([{"emitted": 1, "drafted": 0, "accepted": 0, "target_calls": 1}])["acceptance_rate"])
+    figures = pooled(rows)
+    assert figures["acceptance_rate"]["value"] == totals.acceptance_rate
+    assert figures["mean_accepted_length"]["value"] == totals.mean_accepted_length
+    assert (figures["emitted"], figures["baseline_emitted"]) == (13, 9)
+    nothing_drafted = pooled([{"emitted": 1, "drafted": 0, "accepted": 0, "target_calls": 1}])
+    assert math.isnan(nothing_drafted["acceptance_rate"]["value"])
+
+
+def test_outputs_say_whether_the_runs_agree_only_where_they_must():
+    assert Outputs.of([1, 2], [1, 2], greedy=True).identical_output is True
+    assert Outputs.of([1, 2], [1, 3], greedy=True).identical_output is False
+    assert Outputs.of([1, 2], [1, 3], greedy=False).identical_output is None
+    lossy = Outputs.of([1], [2], greedy=True, log_likelihoods=(-1.5, -1.0))
+    assert (lossy.log_likelihood, lossy.baseline_log_likelihood) == (-1.5, -1.0)
 
 
 def line(row: dict) -> bytes:

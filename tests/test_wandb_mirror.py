@@ -1,6 +1,8 @@
 """What reaches W&B. Real offline runs of experiments.run are read back from their transaction logs with wandb's own
-reader (`wandb leet inspect --json`, wandb-core's decoder of .wandb files): their history steps, config and
-summary equal rows.jsonl, config.yaml and summary.json, and the `rows` table they log equals rows.jsonl.
+reader (`wandb leet inspect --json`, wandb-core's decoder of .wandb files): their history steps equal rows.jsonl
+(under `prompt/`), their config config.yaml with the device, dtype and k the run resolved, their run summary the
+run's pooled figures of summary.json under plain names (and summary.json whole), and the `rows` table they log
+equals rows.jsonl.
 `analysis.load_wandb_runs` then reads the same runs, through an API object built from those files, into the frame
 `load_runs` builds from the run directories. What only a W&B server does (upload, its run listing and filters,
 merging a resumed run's files) is out of reach here; the README says so."""
@@ -22,7 +24,7 @@ from conftest import REPO, tiny_overrides
 from analysis import load_runs, load_wandb_runs
 from experiments import run as run_app
 from experiments import runner
-from experiments.loggers import flatten, is_scalar_number, table_cell
+from experiments.loggers import PROMPT_PREFIX, is_scalar_number, run_summary, table_cell
 
 PROJECT = "specdec"
 HIDDEN = ("_runtime", "_step", "_timestamp", "_wandb")  # W&B's own bookkeeping keys
@@ -56,6 +58,8 @@ def read_log(run_dir: Path) -> LoggedRun:
     for record in records:
         if record["type"] == "history":
             logged.history.append(record["history"]["item"])
+        elif record["type"] == "config":  # what the run resolved once its pair loaded
+            logged.config.update(without_hidden(record["config"].get("update", {})))
         elif record["type"] == "summary":
             logged.summary.update(record["summary"].get("update", {}))
             for key in record["summary"].get("remove", []):
@@ -83,16 +87,16 @@ def rows_of(run_dir: Path) -> list[dict]:
 
 def expected_step(row: dict, index: int) -> dict:
     """What WandbLogger.log_row sends for a row: every number but booleans (nulls are not sent), each position of
-    per_position_acceptance as its own key, and the prompt index."""
-    step = {key: value for key, value in row.items() if is_scalar_number(value)}
+    per_position_acceptance as its own key, all under `prompt/`, and the prompt index."""
+    step = {f"{PROMPT_PREFIX}{key}": value for key, value in row.items() if is_scalar_number(value)}
     for position, value in enumerate(row["per_position_acceptance"], 1):
         if value is not None:
-            step[f"per_position_acceptance/{position}"] = value
+            step[f"{PROMPT_PREFIX}per_position_acceptance/{position}"] = value
     return step | {"prompt_index": index}
 
 
 def row_steps(run: LoggedRun) -> list[dict]:
-    """The history steps of prompt rows, without W&B's bookkeeping (the `rows` table is a step of its own)."""
+    """The history steps of prompt rows, without W&B's bookkeeping (the tables are a step of their own)."""
     return [without_hidden(item) for item in run.history if not any(key.startswith("rows.") for key in item)]
 
 
@@ -127,11 +131,37 @@ def test_history_config_and_summary_equal_the_run_files(offline_sweep):
         [run] = [run for run in runs if run.run_id == rows[0]["run_id"]]
         assert (run.project, run.group, run.exit_code) == (PROJECT, "sweep", 0)
         assert row_steps(run) == [expected_step(row, index) for index, row in enumerate(rows)]
-        assert run.config == yaml.safe_load((sweep_dir / job / "config.yaml").read_text())
+        config = yaml.safe_load((sweep_dir / job / "config.yaml").read_text())
+        resolved = {"device": "cpu", "dtype": "float32", "k": rows[0]["k"], "requested": {"device": "cpu",
+                                                                                        "dtype": "float32"}}
+        assert run.config == config | resolved  # the config as the run resolved it
         summary = json.loads((sweep_dir / job / "summary.json").read_text())
         last_values = {key: value for step in row_steps(run) for key, value in step.items()}
-        tables = {key for key in run.summary if key.startswith("rows.")}  # where W&B keeps the table
-        assert without(run.summary, tables) == last_values | flatten(summary)
+        tables = {key for key in run.summary if key.startswith(("rows.", "per_position_acceptance.",
+                                                                 "accepted_histogram."))}  # where W&B keeps tables
+        assert without(run.summary, tables) == last_values | run_summary(summary)
+
+
+def test_the_run_summary_holds_the_run_s_pooled_figures_under_their_plain_names(offline_sweep):
+    """What W&B's runs table shows: the run's speedup, not the last prompt's (which stays in the history, under
+    prompt/), and per-position acceptance and the accepted histogram as summary.json pools them."""
+    sweep_dir, runs = offline_sweep["sweep_dir"], offline_sweep["runs"]
+    for job in ("0", "1"):
+        rows = rows_of(sweep_dir / job)
+        [run] = [run for run in runs if run.run_id == rows[0]["run_id"]]
+        pooled = json.loads((sweep_dir / job / "summary.json").read_text())["pooled"]
+        for name in ("speedup", "acceptance_rate", "mean_accepted_length", "spec_tokens_per_s"):
+            assert run.summary[name] == pooled[name]["value"]
+            assert run.summary[f"{name}/ci_low"] == pooled[name]["ci_low"]
+        assert run.summary["prompt/speedup"] == rows[-1]["speedup"] != run.summary["speedup"]
+        positions = pooled["per_position_acceptance"]
+        assert [run.summary[f"per_position_acceptance/{i}"] for i in range(1, len(positions) + 1)] == [
+            position["value"] for position in positions]
+        assert [run.summary[f"per_position_attempts/{i}"] for i in range(1, len(positions) + 1)] == [
+            position["attempts"] for position in positions]
+        histogram = [run.summary[f"accepted_histogram/{j}"] for j in range(len(pooled["accepted_histogram"]))]
+        summed = [sum(h) for h in zip(*(row["accepted_histogram"] for row in rows))]
+        assert histogram == pooled["accepted_histogram"] == summed
 
 
 def without(data: dict, keys: set) -> dict:
@@ -222,4 +252,4 @@ def test_a_resumed_run_mirrors_each_prompt_once(tiny, tmp_path, monkeypatch):
     assert steps == [expected_step(row, index) for index, row in enumerate(rows)]
     assert [row["prompt_id"] for row in rows] == ["p0", "p1", "p2", "p3"]
     assert table_of(second)["data"] == [[table_cell(value) for value in row.values()] for row in rows]
-    assert flatten(json.loads((run_dir / "summary.json").read_text())).items() <= second.summary.items()
+    assert run_summary(json.loads((run_dir / "summary.json").read_text())).items() <= second.summary.items()
