@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-import transformers
-
 import specdec
-from experiments.harness import Decoded, Method, Report, argument_parser, load_bench_pair, positive_int, positive_ints
-from experiments.harness import run_interleaved
+from experiments.harness import (
+    Decoded, Method, Report, argument_parser, bench_clock, load_bench_pair, positive_int, positive_ints,
+    run_interleaved,
+)
 from specdec import Clock, left_pad
 
 
@@ -103,13 +102,11 @@ def row(name: str, tally, baseline) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    transformers.utils.logging.disable_progress_bar()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    clock = bench_clock(args)
     pair = load_bench_pair(args.pair, args.prompts, args.device, args.dtype)
     setting = (f"{pair.name}, {args.dtype}, {args.device}, greedy, {args.prompts} held-out prompts x "
                f"{args.max_new_tokens} tokens (EOS ignored), batch 1, speculative sampling's rule")
-    rows = compare(pair, args, Clock(torch.device(args.device)))
+    rows = compare(pair, args, clock)
     report = Report()
     report.table(f"## Drafter families on one baseline ({setting})", rows)
     best = {}

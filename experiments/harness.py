@@ -440,6 +440,15 @@ class HostReads:
 # --- argument checks: one line naming the value and what is allowed, before any model loads ----------------------
 
 
+def bench_clock(args: argparse.Namespace) -> Clock:
+    """What a bench sets up before loading anything: transformers' progress bars off, the asked torch threads, and
+    the clock for the asked device."""
+    transformers.utils.logging.disable_progress_bar()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return Clock(torch.device(args.device))
+
+
 def argument_parser(module: str, doc: str) -> argparse.ArgumentParser:
     """A bench's parser: its usage names ``python -m module``, its help is the module's docstring as written."""
     return argparse.ArgumentParser(prog=f"python -m {module}", description=doc,

@@ -23,12 +23,11 @@ import argparse
 from pathlib import Path
 
 import torch
-import transformers
 
 import specdec
 from experiments.harness import (
-    Decoded, Method, Report, argument_parser, load_bench_pair, positive_int, positive_ints, random_prompts,
-    run_interleaved, single_temperature,
+    Decoded, Method, Report, argument_parser, bench_clock, load_bench_pair, positive_int, positive_ints,
+    random_prompts, run_interleaved, single_temperature,
 )
 from specdec import Clock
 from specdec.batching import left_pad
@@ -168,10 +167,7 @@ def verify_costs(name: str, args, clock: Clock) -> list[dict]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    transformers.utils.logging.disable_progress_bar()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    clock = Clock(torch.device(args.device))
+    clock = bench_clock(args)
     pair = load_bench_pair(args.pair, args.prompts, args.device, args.dtype)
     setting = (f"{pair.name}, {args.dtype}, {args.device}, temperature {args.temperature}, {args.prompts} held-out "
                f"prompts x {args.max_new_tokens} tokens, batch 1, speculative sampling")

@@ -38,12 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import transformers
 
 import specdec
 from experiments.harness import (
-    Decoded, Method, Report, argument_parser, default_out_dir, fractions, load_bench_pair, positive_int,
-    positive_ints, random_prompts, run_interleaved,
+    Decoded, Method, Report, argument_parser, bench_clock, default_out_dir, fractions, load_bench_pair,
+    positive_int, positive_ints, random_prompts, run_interleaved,
 )
 from specdec import Clock
 from specdec.batching import left_pad
@@ -424,10 +423,7 @@ def write_config(branching: tuple[int, ...], directory: Path, name: str, setting
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    transformers.utils.logging.disable_progress_bar()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    clock = Clock(torch.device(args.device))
+    clock = bench_clock(args)
     shaped = args.pair in SHAPED_PRESETS
     pair = load_bench_pair(args.pair, args.profile_prompts + args.prompts, args.device, args.dtype)
     profile, held_out = pair.prompts[: args.profile_prompts], pair.prompts[args.profile_prompts :]
