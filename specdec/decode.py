@@ -112,7 +112,7 @@ class Decoder:
         models = [target, *drafter.models()]
         for model in models:
             check_eval_mode(model)
-        limits = [context_limit(model) for model in models]
+        limits = [context_limit(model) for model in (models if drafter.bounds_context else models[:1])]
         self.context_limit = min((limit for limit in limits if limit is not None), default=None)
         self.target_context_limit = limits[0]
         # The most draft positions a step can have: the policy's, bounded by the context (a longer draft could never
@@ -160,7 +160,8 @@ class Decoder:
     def _generate(self, input_ids, attention_mask, max_new_tokens, eos_token_id, seed) -> GenerationOutput:
         vocab_size = self.target.config.vocab_size
         check_device("input_ids", input_ids, self.target)  # before any read of it: a meta tensor has no values
-        attention_mask = check_prompt(input_ids, attention_mask, self.context_limit, vocab_size)
+        attention_mask = check_prompt(input_ids, attention_mask, self.context_limit, vocab_size,
+                                      self.context_limit != self.target_context_limit)
         max_new_tokens = check_max_new_tokens(max_new_tokens)
         seed = check_seed(seed)
         batch_size = input_ids.shape[0]

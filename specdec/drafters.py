@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.cache import CachedModel, adopted, check_runner_options, static_capacity
-from specdec.checks import as_integer, model_device
+from specdec.checks import as_integer, check_children_fit_vocabulary, check_model, model_device
 from specdec.context import CachedContext
 from specdec.interfaces import Drafter, StopHook
 from specdec.layout import Proposal, tree_layout
@@ -38,6 +38,7 @@ class CachedDrafter(Drafter):
 
     def __init__(self, model: torch.nn.Module, label: str = "draft", forward: str = "auto",
                  cache_layout: str = "dynamic", compile: bool = False):
+        check_model(f"{type(self).__name__}'s model", model)
         self.model, self.label = model, label
         self.runner = CachedModel(model, label, forward, cache_layout, compile)
         self.selects_rows = self.runner.selects_rows
@@ -210,6 +211,8 @@ class TreeDrafter(CachedDrafter):
     def __init__(self, model: torch.nn.Module, branching=(2, 2, 1, 1), label: str = "draft", forward: str = "auto"):
         self.branching = tree_shape(as_branching(branching)).branching
         super().__init__(model, label, forward)
+        check_children_fit_vocabulary(f"branching {list(self.branching)}", max(self.branching),
+                                      model.config.vocab_size)
 
     def draft(self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None) -> Proposal:
         layout = tree_layout(self.branching, self.context.queue.device).truncated(k)

@@ -6,7 +6,7 @@
 
 A part subclasses its interface and overrides what it does; the loop reads the declared capabilities
 (``greedy_at_point_masses``, ``judges_ids``, ``requires_greedy``, ``proposes_nothing``, ``selects_rows``,
-``drafts_trees``, ``stops_drafts``, ``adapts``, ``models``) and never probes. Shapes and notation are those of
+``drafts_trees``, ``bounds_context``, ``stops_drafts``, ``adapts``, ``models``) and never probes. Shapes and notation are those of
 ``specdec.types``; the words the code coins are in docs/glossary.md.
 
 Where to add a part: a strategy subclasses ``AcceptanceStrategy`` (``__call__`` on a chain; ``judge_tree`` for
@@ -122,7 +122,8 @@ class Drafter:
     Capabilities: ``proposes_nothing`` (the baseline: the loop never drafts, k is always 0); ``selects_rows`` (can
     keep only some batch rows, ``select_rows``: the loop then drops rows that finished; otherwise they stay and
     feed holes); ``drafts_trees`` (proposes token trees, which need a strategy with a tree rule and an eager loop);
-    ``needs_pair`` (built from a loaded model pair by ``from_pair``).
+    ``needs_pair`` (built from a loaded model pair by ``from_pair``); ``bounds_context`` (its models' positions bound
+    how long a row may grow, as the target's do; False for a drafter that keeps its own context within them).
     """
 
     name: str = "custom"
@@ -132,6 +133,7 @@ class Drafter:
     drafts_trees: bool = False
     drafts_on_device: bool = False  # proposes and commits without host reads, state updated in place
     needs_pair: bool = False  # built from a loaded model pair (``from_pair``), not from its options alone
+    bounds_context: bool = True  # its models' positions bound each row (False: it fits its own context to them)
 
     @classmethod
     def from_pair(cls, pair, compile: bool = False, forward: str = "auto", **options) -> "Drafter":
