@@ -60,6 +60,7 @@ from experiments.harness import (
     load_bench_pair, markdown, measured_cost_speedup, names_from, random_prompts, time_interleaved,
     transformers_generate, transformers_static_generate, warm_up,
 )
+from experiments.refusal import check_writable
 from experiments.shapes_bench import copy_bandwidth, decode_rate, pooled_acceptance, weight_bytes
 from specdec import Clock
 from specdec.models import ModelPair
@@ -639,19 +640,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sections", type=names_from(SECTIONS, "sections"), default=",".join(SECTIONS),
                         help="comma-separated sections to run, in the suite's order (default: all)")
     parser.add_argument("--budget", type=float, default=None, help="seconds for the whole suite (default: the plan's)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.budget is not None and not 0 < args.budget < math.inf:
+        parser.error(f"--budget must be a positive number of seconds, got {args.budget}")
+    if not args.smoke and not torch.cuda.is_available():
+        parser.error("the GPU suite needs CUDA (torch sees no GPU); --smoke runs it on CPU")
+    args.out = args.out or str(default_out_dir("gpu_suite") if args.smoke else REPO / "docs" / "bench")
+    parser.check(lambda: check_writable("--out", args.out))
+    return args
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     plan = SMOKE if args.smoke else FULL
     if args.budget is not None:
-        if not args.budget > 0:
-            raise SystemExit(f"--budget must be a positive number of seconds, got {args.budget}")
         plan = Plan(**{**asdict(plan), "budget_seconds": args.budget})
-    if plan.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("the GPU suite needs CUDA (torch sees no GPU); --smoke runs it on CPU")
-    out = Path(args.out) if args.out else (default_out_dir("gpu_suite") if args.smoke else REPO / "docs" / "bench")
+    out = Path(args.out)
     allow_many_shapes()
     if plan.threads:
         torch.set_num_threads(plan.threads)

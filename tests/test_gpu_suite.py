@@ -99,8 +99,9 @@ def test_unknown_sections_and_budgets_are_refused_in_one_line(capsys):
     with pytest.raises(SystemExit):
         gpu_suite.parse_args(["--sections", "bandwidth,warp_speed"])
     assert "expected comma-separated sections from bandwidth, ar_batch1" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="--budget must be a positive number of seconds, got -5.0"):
+    with pytest.raises(SystemExit) as exited:
         gpu_suite.main(["--smoke", "--budget", "-5"])
+    assert exited.value.code == 2 and "--budget must be a positive number of seconds, got -5.0" in capsys.readouterr().err
 
 
 # --- the budget logic ---------------------------------------------------------------------------------------------
