@@ -28,7 +28,7 @@ def check_prompt_lists(prompts: object) -> list[list[int]]:
         raise ValueError("left_pad needs at least one prompt, got none")
     rows = []
     for i, prompt in enumerate(prompts):
-        ids = None if as_integer(prompt) is not None else token_ids(prompt)
+        ids = token_ids(prompt) if hasattr(prompt, "__iter__") else None  # a bare id is no prompt
         if ids is None:
             empty = hasattr(prompt, "__len__") and not isinstance(prompt, (str, bytes)) and len(prompt) == 0
             raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token" if empty else
