@@ -59,6 +59,7 @@ HAND_PICKED = "1-1-1-1-1-1-1-1,2-1-1-1,2-1-1,2-2-1-1"
 CALIBRATION_CHAIN, CALIBRATION_TREE = (1, 1, 1, 1), (2, 2, 1)  # whose runs give the loop's time per step
 CALIBRATION_PROMPTS = 4  # profile prompts the calibration runs decode
 COST_CONTEXT = 128  # tokens in the cache when forwards are timed (about a prompt and its continuation)
+WRITTEN_BY = "# Token tree chosen by `python -m experiments.tree_search`"  # how the options it writes begin
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -105,6 +106,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.node_budget < 2:
         p.error(f"--node-budget must be at least 2 (a tree has a node with 2 children; 1 node is a chain), got "
                 f"{args.node_budget}")
+    option = args.config_dir / f"{args.config_name}.yaml"
+    if option.exists() and not (option.is_file() and option.read_text(errors="replace").startswith(WRITTEN_BY)):
+        p.error(f"--config-name {args.config_name}: {option} exists and was not written by this search (a shipped "
+                f"option?); choose another name, or another --config-dir")
     args.out = args.out or default_out_dir("tree_search")
     p.check(lambda: check_device("--device", args.device),
             lambda: check_pair("--pair", args.pair, args.device, args.dtype),
@@ -426,7 +431,7 @@ def write_config(branching: tuple[int, ...], directory: Path, name: str, setting
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.yaml"
     path.write_text(
-        f"# Token tree chosen by `python -m experiments.tree_search` ({setting}): predicted decode speedup "
+        f"{WRITTEN_BY} ({setting}): predicted decode speedup "
         f"{predicted:.2f}x.\n"
         f"# Run it with draft_length.k >= {len(branching)} (a step drafts min(k, {len(branching)}) levels), "
         f"e.g. drafter={name} draft_length.k={len(branching)}.\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.checks import check_device, check_model, model_device
+from specdec.checks import check_device, check_model, described, model_device
 from specdec.decode import Decoder as ExplicitDecoder
 from specdec.drafters import ModelDrafter, NoDrafter
 from specdec.emit import GenerationOutput
@@ -88,7 +88,7 @@ def as_drafter(
     if draft is None or isinstance(draft, Drafter):
         return draft
     if not isinstance(draft, torch.nn.Module):
-        raise TypeError(f"draft must be a causal LM, a Drafter, or None; got {type(draft).__name__}")
+        raise TypeError(f"draft must be a causal LM, a Drafter, or None; got {described(draft)}")
     check_model("draft", draft)
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(

@@ -46,12 +46,13 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from specdec.cache import check_runner_options, context_limit, static_capacity
-from specdec.checks import check_draft_length, check_tokenizer, check_vocabulary_fits, model_device
+from specdec.checks import as_integer, check_draft_length, check_tokenizer, check_vocabulary_fits, model_device
 from specdec.context import CachedContext
 from specdec.drafters import DRAFT_ROOM_GUESS, ModelDrafter
 from specdec.interfaces import StopHook
@@ -130,6 +131,7 @@ class CrossTokenizerDrafter(ModelDrafter):
                  look_behind: int = 10, hold_back: int = 2, max_rounds: int = 3, translate: str = "auto",
                  label: str = "draft", forward: str = "auto", compile: bool = False):
         check_text_options(look_behind, hold_back, max_rounds, translate)
+        look_behind, hold_back, max_rounds = (as_integer(value) for value in (look_behind, hold_back, max_rounds))
         check_tokenizer("draft_tokenizer", draft_tokenizer)
         check_tokenizer("target_tokenizer", target_tokenizer)
         super().__init__(model, label=label, cache_layout="dynamic", forward=forward, compile=compile)
@@ -157,6 +159,9 @@ class CrossTokenizerDrafter(ModelDrafter):
             self.start_token = next((i for i in (draft_tokenizer.bos_token_id, draft_tokenizer.eos_token_id)
                                      if i is not None), None)
             self.position_limit = context_limit(model)
+            if self.bridge.num_shared == 0:
+                warnings.warn("the draft and target tokenizers spell no token the same: at temperature > 0 (TLI) "
+                              "this drafter proposes nothing, and decoding is the target's alone", stacklevel=2)
         self.stats = ConversionStats()
 
     @property
@@ -240,6 +245,8 @@ class CrossTokenizerDrafter(ModelDrafter):
             most = self.most_drafted_per_step(self.max_rounds * self.round_size(k, ratio))
             self.fit_positions(most)
             return self.draft_text(k, ratio, most)
+        if self.bridge.num_shared == 0:  # q' has no token to sample: propose nothing (exact, and plain decoding)
+            return Proposal(self.drafted, None)
         most = self.most_drafted_per_step(k)
         self.fit_positions(most)
         return self.draft_shared(most, sampling, generator, stop)
@@ -429,7 +436,7 @@ class CrossTokenizerDrafter(ModelDrafter):
 
 def check_text_options(look_behind: object, hold_back: object, max_rounds: object, translate: object) -> None:
     for name, value in (("look_behind", look_behind), ("hold_back", hold_back), ("max_rounds", max_rounds)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if as_integer(value) is None or value < 1:
             raise ValueError(f"{name} must be an integer >= 1 (tokens, or rounds), got {value!r}")
     if translate not in TRANSLATIONS:
         raise ValueError(f"translate must be one of {', '.join(TRANSLATIONS)}, got {translate!r}")

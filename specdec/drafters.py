@@ -231,8 +231,11 @@ class TreeDrafter(CachedDrafter):
 
 
 def as_branching(value: object) -> object:
-    """A branching as ``tree_shape`` takes it: any sequence of children counts (a list, or a config's list) as a
-    tuple, numpy integers in it as ints; anything else as given, for ``tree_shape`` to refuse."""
+    """A branching as ``tree_shape`` takes it: any sequence of children counts (a list, a config's list, a 1-d
+    array or tensor) as a tuple, numpy integers in it as ints; anything else as given, for ``tree_shape`` to
+    refuse."""
+    if hasattr(value, "ndim") and hasattr(value, "tolist") and value.ndim == 1:  # numpy array, tensor
+        value = value.tolist()
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         return value
     return tuple(b if as_integer(b) is None else as_integer(b) for b in value)

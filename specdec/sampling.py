@@ -64,6 +64,9 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Ten
                         f"got {sampling!r:.80} ({type(sampling).__name__})")
     if not isinstance(logits, torch.Tensor) or logits.dim() == 0:
         raise TypeError(f"logits must be a [..., V] tensor, got {logits!r:.80} ({type(logits).__name__})")
+    if logits.shape[-1] == 0:
+        raise ValueError(f"logits have shape {tuple(logits.shape)}: an empty vocabulary axis V has no token to "
+                         f"choose")
     logits = logits.float()
     if sampling.is_greedy:
         return one_hot_probs(greedy_choice(logits)[0], logits.shape[-1])
