@@ -34,8 +34,9 @@ but a cache rolls back only what it was fed this step. So each row's last ``hold
 kept: they are queued again and fed with the next step's first forward, where a rewrite replaces them freely. A
 rewrite reaching further back (rare with 2: no case in 1,450 commits of held-out text between GPT-2's BPE and
 the embedded pair's) rebuilds the draft cache from every row's context in one prefill (``ConversionStats
-.rebuilds``). So does a draft context that would outgrow the draft model's positions (a less efficient draft
-tokenizer): its rows keep their last tokens.
+.rebuilds``). So does a draft context that would outgrow the draft model's positions: its rows keep their last
+tokens, and a step drafts at most half the positions (``fit_positions``). The draft's positions therefore bound no
+row (``bounds_context`` is False): the target's context alone does.
 
 Costs (``ConversionStats``): draft tokens per proposed target token, host seconds in the bridge (decoding and
 re-encoding: tokenizers are host code, one batched call per operation), one host read per draft round at
