@@ -135,7 +135,8 @@ def check_group_options(argv: list[str], config_dir: Path) -> str | None:
     if parsed.config_name and not parsed.config_path and not parsed.config_dir and \
             not (config_dir / f"{parsed.config_name}.yaml").is_file():
         known = ", ".join(sorted(path.stem for path in config_dir.glob("*.yaml")))
-        return f"--config-name {parsed.config_name}: no {parsed.config_name}.yaml in {config_dir}; primary configs: {known}"
+        return (f"--config-name {parsed.config_name}: no {parsed.config_name}.yaml in {config_dir}; primary "
+                f"configs: {known}")
     texts = [*(parsed.overrides or []), *(arg for arg in rest if not arg.startswith("-"))]
     overrides, parser = [], OverridesParser.create()
     for text in texts:

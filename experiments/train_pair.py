@@ -77,7 +77,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=positive_int, default=200)
     p.add_argument("--accept-prompts", type=positive_int, default=50)
     p.add_argument("--accept-new-tokens", type=positive_int, default=64)
-    p.add_argument("--k", type=positive_int, default=4, help="draft tokens per speculative step in the acceptance simulation")
+    p.add_argument("--k", type=positive_int, default=4,
+                   help="draft tokens per speculative step in the acceptance simulation")
     p.add_argument("--threads", type=positive_int, default=2)
     args = p.parse_args(argv)
     if args.draft_width % 64:

@@ -142,8 +142,9 @@ def decoders(pair, groups: dict, temperature: float, dynamic: list = (), chains:
 def compare(pair, groups: dict, args, clock: Clock) -> list[dict]:
     """One row per method: tau, costs per call, tokens/s and speedup, from one interleaved run (the methods built
     first: a tree the pair's vocabulary cannot hold is refused before any is measured)."""
-    made = built_before_measuring("python -m experiments.tree_bench", lambda: decoders(pair, groups, args.temperature, args.dynamic,
-                                                                      chains=args.chains is not None or args.trees is None))
+    chains = args.chains is not None or args.trees is None
+    made = built_before_measuring("python -m experiments.tree_bench",
+                                  lambda: decoders(pair, groups, args.temperature, args.dynamic, chains=chains))
 
     def method(decoder: specdec.Decoder) -> Method:
         def run(batch: list[list[int]], index: int) -> Decoded:

@@ -6,8 +6,8 @@
 
 A part subclasses its interface and overrides what it does; the loop reads the declared capabilities
 (``greedy_at_point_masses``, ``judges_ids``, ``requires_greedy``, ``proposes_nothing``, ``selects_rows``,
-``drafts_trees``, ``bounds_context``, ``stops_drafts``, ``adapts``, ``models``) and never probes. Shapes and notation are those of
-``specdec.types``; the words the code coins are in docs/glossary.md.
+``drafts_trees``, ``bounds_context``, ``stops_drafts``, ``adapts``, ``models``) and never probes. Shapes and
+notation are those of ``specdec.types``; the words the code coins are in docs/glossary.md.
 
 Where to add a part: a strategy subclasses ``AcceptanceStrategy`` (``__call__`` on a chain; ``judge_tree`` for
 trees); a drafter that runs a cached model subclasses ``specdec.drafters.CachedDrafter`` and writes ``draft``;

@@ -1919,7 +1919,8 @@ def cross_tokenizer_prompt_id_past_the_tokenizer() -> Outcome:
 def cross_tokenizer_draft_in_training_mode() -> Outcome:
     """A cross-tokenizer drafter whose draft was put in training mode after it was built."""
     material = cross_material()
-    draft = material["bigram_model"](material["draft_tok"], material["encode"](material["draft_tok"], material["story"]))
+    draft_tok = material["draft_tok"]
+    draft = material["bigram_model"](draft_tok, material["encode"](draft_tok, material["story"]))
     drafter = cross_drafter(draft)
     draft.train()
     return refusal(lambda: across(drafter), "training mode")

@@ -101,7 +101,8 @@ def test_unknown_sections_and_budgets_are_refused_in_one_line(capsys):
     assert "expected comma-separated sections from bandwidth, ar_batch1" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exited:
         gpu_suite.main(["--smoke", "--budget", "-5"])
-    assert exited.value.code == 2 and "--budget must be a positive number of seconds, got -5.0" in capsys.readouterr().err
+    assert exited.value.code == 2
+    assert "--budget must be a positive number of seconds, got -5.0" in capsys.readouterr().err
 
 
 # --- the budget logic ---------------------------------------------------------------------------------------------
