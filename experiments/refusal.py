@@ -121,7 +121,7 @@ def check_group_options(argv: list[str], config_dir: Path) -> str | None:
     """What is wrong with the overrides of config groups in a Hydra command line (``argv`` without the program),
     or None: each value of ``group=option`` (sweeps ``a,b`` and ``choice(a,b)`` included) must be one of the
     group's options. A command line Hydra cannot parse is named too; anything else is left to Hydra."""
-    from hydra import initialize_config_dir
+    from hydra import initialize_config_dir  # Hydra's parsers, for experiments.run alone: imported here
     from hydra._internal.utils import get_args_parser
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
