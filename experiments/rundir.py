@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
 
 from experiments.config_checks import ConfigError
@@ -316,8 +317,6 @@ def stored_config(run_dir: Path) -> tuple[dict | None, str | None]:
         return config, problem
     whole_lines = data[: data.rfind(b"\n") + 1]
     try:
-        import yaml
-
         kept = yaml.safe_load(whole_lines.decode("utf-8")) if whole_lines.strip() else None
     except (yaml.YAMLError, ValueError):
         kept = None
