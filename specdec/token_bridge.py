@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from specdec import checks
+from specdec.checks import check_tokenizer as check_transformers_tokenizer
 
 REPLACEMENT = "\ufffd"  # what decoding gives for bytes that are not (yet) a whole UTF-8 character
 ANCHOR = "a"  # plain text decoded before each single token, so its own leading space or join shows
@@ -187,7 +187,7 @@ class TokenBridge:
 
 def check_tokenizer(tokenizer, role: str, vocab_size: int | None) -> int:
     """The id range the maps cover; one clear error for a tokenizer the bridge cannot use."""
-    checks.check_tokenizer(f"{role} tokenizer", tokenizer)
+    check_transformers_tokenizer(f"{role} tokenizer", tokenizer)
     if vocab_size is not None and (not isinstance(vocab_size, int) or vocab_size < 1):
         raise ValueError(f"{role}_vocab_size must be a positive int, got {vocab_size!r}")
     return vocab_size or id_range(tokenizer, role)
