@@ -88,7 +88,8 @@ def as_drafter(
     if draft is None or isinstance(draft, Drafter):
         return draft
     if not isinstance(draft, torch.nn.Module):
-        raise TypeError(f"draft must be a causal LM, a Drafter, or None; got {described(draft)}")
+        raise TypeError(f"draft must be a causal LM, a Drafter, or None; got {type(draft).__name__} "
+                        f"({described(draft)})")
     check_model("draft", draft)
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(
