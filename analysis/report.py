@@ -41,6 +41,7 @@ from analysis.summarize import (
     varying_axes,
 )
 from analysis.tables import format_cell, pivot_metric, to_markdown
+from experiments.refusal import ArgumentParser
 from specdec.results import (
     INTERVAL_METRICS,
     MIN_PROMPTS_FOR_INTERVAL,
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m analysis.report",
+    parser = ArgumentParser(prog="python -m analysis.report",
                                      description="Summarize specdec runs into report.md with tables and plots.")
     parser.add_argument("paths", nargs="+", help=f"run directories or sweep directories (searched for {ROWS})")
     parser.add_argument("--out", help="directory for report.md, CSVs and PNGs (default: the first path)")

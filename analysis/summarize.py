@@ -41,8 +41,14 @@ BOOKKEEPING_COLUMNS = ("run_id", "group", "run_dir", "partial", "n_prompts", "pr
 
 
 def predicted_speedup(alpha, k, cost_ratio) -> np.ndarray:
-    """``specdec.predicted_speedup`` (Leviathan et al. 2023) element-wise over arrays."""
-    return np.vectorize(specdec.predicted_speedup, otypes=[float])(alpha, np.asarray(k, dtype=int), cost_ratio)
+    """``specdec.predicted_speedup`` (Leviathan et al. 2023) element-wise over arrays; NaN where a value is
+    undefined or, in hand-edited rows, outside its range (the formula refuses those)."""
+    alpha, k, cost_ratio = np.asarray(alpha, dtype=float), np.asarray(k, dtype=int), np.asarray(cost_ratio, dtype=float)
+    usable = (alpha >= 0) & (alpha <= 1) & (k >= 0) & (cost_ratio >= 0) & np.isfinite(cost_ratio)  # NaN: False
+    speedup = np.full(usable.shape, np.nan)
+    speedup[usable] = np.vectorize(specdec.predicted_speedup, otypes=[float])(alpha[usable], k[usable],
+                                                                              cost_ratio[usable])
+    return speedup
 
 
 def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:

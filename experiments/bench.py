@@ -23,6 +23,7 @@ from experiments.harness import (
     markdown, measured_cost_speedup, positive_int, positive_ints, run_interleaved, temperatures,
     transformers_configuration, transformers_generate,
 )
+from experiments.refusal import check_device, check_dtype, check_pair, check_writable
 from specdec import Clock
 from specdec.batching import left_pad
 
@@ -194,7 +195,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--out", default=None, help="directory for bench.md and bench.json")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.out = args.out or str(default_out_dir("bench"))
+    parser.check(lambda: check_device("--device", args.device),
+                 lambda: check_dtype("--dtype", args.dtype, args.device),
+                 lambda: check_pair("--pair", args.pair, args.device, args.dtype),
+                 lambda: check_writable("--out", args.out))
+    return args
 
 
 def main(argv=None) -> None:
@@ -226,7 +233,7 @@ def main(argv=None) -> None:
         scaling = batch_scaling(pair, 4, args.batch_sizes, args.max_new_tokens, clock, args.batch_rounds)
     report.table("## Batch scaling (greedy, k = 4, EOS ignored; the same prompts at every batch size)", scaling)
 
-    out = Path(args.out) if args.out else default_out_dir("bench")
+    out = Path(args.out)
     report.write(out / "bench.md", {"args": vars(args), "sections": report.sections})
     print(f"\nwritten to {out}/bench.md")
 

@@ -68,6 +68,7 @@ from experiments.harness import (
     cost_profile, default_out_dir, load_bench_pair, markdown, measured_cost_speedup, names_from, random_prompts,
     run_interleaved, time_interleaved, transformers_generate, transformers_static_generate, warm_up,
 )
+from experiments.refusal import check_writable
 from experiments.shapes_bench import copy_bandwidth, decode_rate, pooled_acceptance, weight_bytes
 from specdec import Clock
 from specdec.batching import left_pad
@@ -1074,6 +1075,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         parser.error("the GPU suite needs CUDA (torch sees no GPU); --smoke runs it on CPU")
+    args.out = args.out or str(default_out_dir("gpu_suite") if args.smoke else REPO / "docs" / "bench")
+    parser.check(lambda: check_writable("--out", args.out))
     return args
 
 
@@ -1110,7 +1113,7 @@ def plan_from(args: argparse.Namespace) -> Plan:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     plan = plan_from(args)
-    out = Path(args.out) if args.out else (default_out_dir("gpu_suite") if args.smoke else REPO / "docs" / "bench")
+    out = Path(args.out)
     if plan.threads:
         torch.set_num_threads(plan.threads)
     name = device_name(torch.device(plan.device))

@@ -23,6 +23,7 @@ import torch
 import transformers
 
 import specdec
+from experiments.refusal import ArgumentParser
 from specdec.lean import LeanForward
 from specdec import Clock, DecodeStats, GenerationOutput
 from specdec.profile import time_forwards
@@ -449,10 +450,11 @@ def bench_clock(args: argparse.Namespace) -> Clock:
     return Clock(torch.device(args.device))
 
 
-def argument_parser(module: str, doc: str) -> argparse.ArgumentParser:
-    """A bench's parser: its usage names ``python -m module``, its help is the module's docstring as written."""
-    return argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+def argument_parser(module: str, doc: str) -> ArgumentParser:
+    """A bench's parser: its usage names ``python -m module``, its help is the module's docstring as written, and
+    its refusals are one line, exit 2 (``experiments.refusal``)."""
+    return ArgumentParser(prog=f"python -m {module}", description=doc,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def positive_int(text: str) -> int:

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from experiments import rundir
 from experiments.config_checks import CONFIGS, ConfigError, one_line
+from experiments.refusal import refuse_unknown_group_options
 from experiments.runner import Job, job_from_hydra, run
 
 
@@ -51,4 +52,5 @@ def end_with_error(job: Job, exit_code: int, message: str) -> None:
 
 
 if __name__ == "__main__":
+    refuse_unknown_group_options(sys.argv[1:], CONFIGS)  # Hydra would compose first, and refuse in 11 lines
     main()

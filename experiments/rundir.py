@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
 
 from experiments.config_checks import ConfigError
@@ -301,10 +302,38 @@ def identity_difference(rows: list[dict], columns: dict) -> str | None:
     return None
 
 
+def stored_config(run_dir: Path) -> tuple[dict | None, str | None]:
+    """The settings config.yaml holds and, where it is damaged, why. A file cut in the middle of a line (every
+    config.yaml written ends with a new line) may parse with its last value cut ('dtype: fl', or 'logger:' without
+    its keys): its whole lines are read, less the last setting they hold, which may have been cut."""
+    config, problem = read_config(run_dir)
+    data = (run_dir / CONFIG).read_bytes() if config is not None else b""
+    if config is None or data.endswith(b"\n"):
+        return config, problem
+    whole_lines = data[: data.rfind(b"\n") + 1]
+    try:
+        kept = yaml.safe_load(whole_lines.decode("utf-8")) if whole_lines.strip() else None
+    except (yaml.YAMLError, ValueError):
+        kept = None
+    return (without_last_setting(kept) if isinstance(kept, dict) else None), \
+        f"{run_dir / CONFIG} is cut short in the middle of a line"
+
+
+def without_last_setting(config: dict) -> dict:
+    """``config`` less its last setting in file order (the last key of its last mapping; a mapping left empty
+    goes too)."""
+    if not config:
+        return config
+    *_, last = config
+    value = config[last]
+    kept = without_last_setting(value) if isinstance(value, dict) else {}
+    return {**{key: config[key] for key in config if key != last}, **({last: kept} if kept else {})}
+
+
 def stored_setting_difference(run_dir: Path, config: dict, columns: dict) -> str | None:
     """How the run already in ``run_dir`` differs from this one, or None: by its config.yaml, or, where that is
-    damaged, absent or cut short, by its rows' setting columns."""
-    old, _ = read_config(run_dir)
+    damaged, absent or cut short, by what it still holds and its rows' setting columns."""
+    old, _ = stored_config(run_dir)
     if old is not None and not cut_short(comparable(old), comparable(config)):
         return config_difference(comparable(old), comparable(config))
     return identity_difference(read_rows(run_dir), columns)
@@ -323,20 +352,35 @@ def is_run_directory(path: Path) -> bool:
     return (path / CONFIG).exists() or (path / ROWS).exists()
 
 
-def find_unfinished(search_root: Path, config: dict, columns: dict, exclude: Path) -> Path | None:
-    """The newest run directory under ``search_root`` (depth <= 2) with this setting and no readable
-    summary.json; one whose config.yaml is damaged counts when its rows match."""
+def unfinished_runs(search_root: Path, exclude: Path) -> list[Path]:
+    """Run directories under ``search_root`` (depth <= 2) without a readable summary.json, ``exclude`` left out."""
     if not search_root.is_dir():
-        return None
+        return []
     found = {path.parent for name in (CONFIG, ROWS) for pattern in (f"*/{name}", f"*/*/{name}")
              for path in search_root.glob(pattern)}
-    candidates = [
-        run_dir for run_dir in found
-        if run_dir.resolve() != exclude.resolve() and read_summary(run_dir).value is None
-        and (read_config(run_dir).value is not None or read_rows(run_dir))
-        and stored_setting_difference(run_dir, config, columns) is None
-    ]
-    return max(candidates, key=newest_change, default=None)
+    return [run_dir for run_dir in found
+            if run_dir.resolve() != exclude.resolve() and read_summary(run_dir).value is None]
+
+
+def find_unfinished(search_root: Path, config: dict, columns: dict, exclude: Path) -> Path | None:
+    """The newest unfinished run directory under ``search_root`` with this setting; one whose config.yaml is
+    damaged counts when what it still holds and its rows match. None where there is none, and a ConfigError where
+    there is none but an unfinished run whose config.yaml is damaged and which has no rows to tell its setting:
+    it names that directory and how to resume it."""
+    runs = unfinished_runs(search_root, exclude)
+    candidates = [run_dir for run_dir in runs
+                  if (stored_config(run_dir)[0] is not None or read_rows(run_dir))
+                  and stored_setting_difference(run_dir, config, columns) is None]
+    if candidates:
+        return max(candidates, key=newest_change)
+    unknown = [run_dir for run_dir in runs if stored_config(run_dir)[1] is not None and not read_rows(run_dir)
+               and stored_setting_difference(run_dir, config, columns) is None]
+    if unknown:
+        run_dir = max(unknown, key=newest_change)
+        raise ConfigError(f"resume=true: no unfinished run with this config under {search_root}, but {run_dir} is "
+                          f"unfinished and its setting cannot be told ({stored_config(run_dir)[1]}, and no rows); "
+                          f"to continue it: resume={run_dir}; to start a new run: resume=false")
+    return None
 
 
 def newest_change(run_dir: Path) -> float:

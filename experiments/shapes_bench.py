@@ -32,6 +32,7 @@ from experiments.harness import (
     measured_cost_speedup, names_from, positive_int, positive_ints, random_prompts, run_interleaved,
     transformers_configuration, transformers_generate,
 )
+from experiments.refusal import check_device, check_dtype, check_pair, check_readable_file, check_writable
 from specdec import Clock
 
 MODES = {"eager": False, "compiled": True}  # mode -> compile
@@ -59,7 +60,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default=None, help="directory for shapes.md and the speedup plots")
     parser.add_argument("--plot-from", default=None, metavar="SHAPES_MD",
                         help="only redraw the speedup plots from an earlier shapes.md (next to it); loads no model")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.plot_from:
+        parser.check(lambda: check_readable_file("--plot-from", args.plot_from),
+                     lambda: check_writable("--plot-from's directory", Path(args.plot_from).parent))
+        return args
+    args.out = args.out or str(default_out_dir("shapes_bench"))
+    parser.check(lambda: check_device("--device", args.device),
+                 lambda: check_dtype("--dtype", args.dtype, args.device),
+                 lambda: check_pair("--pair", args.pair, args.device, args.dtype),
+                 lambda: check_writable("--out", args.out))
+    return args
 
 
 def curves_from_markdown(text: str) -> list[dict]:
@@ -290,7 +301,7 @@ def main(argv=None) -> None:
                          "1; random pair, so acceptance is near 0 for both)", comparison,
                          transformers_configuration(pair.target, HF_METHODS), echo=False)
 
-    out = Path(args.out) if args.out else default_out_dir("shapes_bench")
+    out = Path(args.out)
     report.write(out / "shapes.md")
     plot_curves(all_curves, out)
     print(f"\nwritten to {out}/shapes.md and speedup_<mode>.png")

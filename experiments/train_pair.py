@@ -31,6 +31,8 @@ from tokenizers import ByteLevelBPETokenizer  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast  # noqa: E402
 
 import specdec  # noqa: E402
+from experiments.harness import positive_int  # noqa: E402
+from experiments.refusal import ArgumentParser, check_writable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EOS = "<|endoftext|>"
@@ -39,8 +41,11 @@ AUSTEN_DEB = "r-cran-janeaustenr"
 AUSTEN_NOVELS = ["sensesensibility", "prideprejudice", "mansfieldpark", "emma", "northangerabbey", "persuasion"]
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None) -> argparse.Namespace:
+    """Every value is checked here, and every directory written at the end is written to now, before the corpus is
+    fetched or a model trained (hours)."""
+    p = ArgumentParser(prog="python -m experiments.train_pair", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus-dir", type=Path, default=ROOT / ".corpus", help="downloads (git-ignored)")
     p.add_argument("--checkpoint-dir", type=Path, default=ROOT / ".train_pair",
                    help="training checkpoints (git-ignored); a rerun continues from them, delete to start over")
@@ -49,32 +54,51 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prompts-out", type=Path, default=ROOT / "specdec" / "prompts" / "embedded_heldout.jsonl")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--heldout-frac", type=float, default=0.04, help="fraction of documents no model trains on")
-    p.add_argument("--vocab-size", type=int, default=8192)
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--vocab-size", type=positive_int, default=8192)
+    p.add_argument("--seq-len", type=positive_int, default=256)
+    p.add_argument("--batch-size", type=positive_int, default=16)
     p.add_argument("--target-steps", type=int, default=420)
     p.add_argument("--target-minutes", type=float, default=None,
                    help="train for this wall time instead of --target-steps (schedule follows elapsed time)")
     p.add_argument("--target-lr", type=float, default=1.5e-3)
     p.add_argument("--target-dropout", type=float, default=0.1, help="the target sees the stream several times")
-    p.add_argument("--draft-layers", type=int, default=2)
-    p.add_argument("--draft-width", type=int, default=128)
+    p.add_argument("--draft-layers", type=positive_int, default=2)
+    p.add_argument("--draft-width", type=positive_int, default=128)
     p.add_argument("--draft-steps", type=int, default=320)
     p.add_argument("--draft-minutes", type=float, default=None, help="like --target-minutes, for the draft")
     p.add_argument("--draft-lr", type=float, default=3e-3)
     p.add_argument("--kl-weight", type=float, default=0.8, help="distillation loss = w * KL(target||draft) + (1-w) * CE")
-    p.add_argument("--greedy-prompts", type=int, default=4096,
+    p.add_argument("--greedy-prompts", type=positive_int, default=4096,
                    help="training-document openings the target continues greedily for the draft's second stage")
-    p.add_argument("--greedy-new-tokens", type=int, default=96, help="length of each greedy continuation")
+    p.add_argument("--greedy-new-tokens", type=positive_int, default=96, help="length of each greedy continuation")
     p.add_argument("--greedy-steps", type=int, default=300, help="steps of the draft's on-policy stage (0: none)")
     p.add_argument("--greedy-minutes", type=float, default=None, help="like --target-minutes, for that stage")
     p.add_argument("--greedy-lr", type=float, default=1e-3)
-    p.add_argument("--num-prompts", type=int, default=200)
-    p.add_argument("--accept-prompts", type=int, default=50)
-    p.add_argument("--accept-new-tokens", type=int, default=64)
-    p.add_argument("--k", type=int, default=4, help="draft tokens per speculative step in the acceptance simulation")
-    p.add_argument("--threads", type=int, default=2)
-    return p.parse_args()
+    p.add_argument("--num-prompts", type=positive_int, default=200)
+    p.add_argument("--accept-prompts", type=positive_int, default=50)
+    p.add_argument("--accept-new-tokens", type=positive_int, default=64)
+    p.add_argument("--k", type=positive_int, default=4,
+                   help="draft tokens per speculative step in the acceptance simulation")
+    p.add_argument("--threads", type=positive_int, default=2)
+    args = p.parse_args(argv)
+    if args.draft_width % 64:
+        p.error(f"--draft-width must be a multiple of 64 (heads of 64 dimensions), got {args.draft_width}")
+    if not 0 < args.heldout_frac < 1 or not 0 <= args.kl_weight <= 1:
+        p.error(f"--heldout-frac must be in (0, 1) and --kl-weight in [0, 1], got {args.heldout_frac} and "
+                f"{args.kl_weight}")
+    numbers = {name: getattr(args, name.replace("-", "_")) for name in (
+        "checkpoint-minutes", "target-lr", "draft-lr", "greedy-lr", "target-minutes", "draft-minutes",
+        "greedy-minutes")}
+    for name, value in numbers.items():
+        if value is not None and not 0 < value < math.inf:
+            p.error(f"--{name} must be a positive number, got {value}")
+    for name in ("target-steps", "draft-steps", "greedy-steps"):
+        if getattr(args, name.replace("-", "_")) < 0:
+            p.error(f"--{name} must be an integer >= 0, got {getattr(args, name.replace('-', '_'))}")
+    p.check(*(lambda option=option, path=path: check_writable(option, path) for option, path in (
+        ("--corpus-dir", args.corpus_dir), ("--checkpoint-dir", args.checkpoint_dir), ("--out-dir", args.out_dir),
+        ("--prompts-out", args.prompts_out.parent))))
+    return args
 
 
 # ---------------------------------------------------------------- corpus

@@ -29,11 +29,12 @@ from experiments.harness import (
     Decoded, Method, Report, argument_parser, bench_clock, load_bench_pair, positive_int, positive_ints,
     random_prompts, run_interleaved, single_temperature,
 )
+from experiments.refusal import built_before_measuring, check_device, check_pair, check_writable
 from specdec import Clock
 from specdec.batching import left_pad
 from specdec.dynamic_tree import check_tree_size
 from specdec.profile import time_forwards, time_tree_forwards
-from specdec.tree import tree_shape
+from specdec.tree import check_branching, tree_shape
 
 # Groups of methods that verify the same number N of draft nodes per target call: a chain of k = N, then trees.
 DEFAULT_GROUPS = {
@@ -57,18 +58,35 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--verify-costs", metavar="PAIR", default=None,
                    help="also time tree verification on this pair's target (e.g. gpt2-xl-shaped)")
     p.add_argument("--chains", type=positive_ints, default=None, help="chains of these k (replaces the groups)")
-    p.add_argument("--trees", type=branchings, default=None, help="static trees, e.g. 2-1-1,2-2-1-1 (replaces the "
+    p.add_argument("--trees", type=tree_branchings, default=None, help="static trees, e.g. 2-1-1,2-2-1-1 (replaces the "
                    "groups)")
     p.add_argument("--dynamic", type=dynamic_sizes, default=[], help="dynamic trees node_budget-depth-top_k, e.g. "
                    "10-6-2,16-5-4")
     p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--out", type=Path, default=None, help="write the tables (Markdown) and a JSON copy here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    p.check(lambda: check_device("--device", args.device),
+            lambda: check_pair("--pair", args.pair, args.device, args.dtype),
+            *([lambda: check_pair("--verify-costs", args.verify_costs, args.device, args.dtype)]
+              if args.verify_costs else []),
+            *([lambda: check_writable("--out", args.out.parent)] if args.out else []))
+    return args
 
 
 def branchings(text: str) -> list[tuple[int, ...]]:
     """'2-1-1,2-2-1-1' -> [(2, 1, 1), (2, 2, 1, 1)]."""
     return [tuple(positive_ints(part.replace("-", ","))) for part in text.split(",")]
+
+
+def tree_branchings(text: str) -> list[tuple[int, ...]]:
+    """``branchings``, each a static tree that can be verified (``specdec.tree.check_branching``)."""
+    shapes = branchings(text)
+    for shape in shapes:
+        try:
+            check_branching(shape)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return shapes
 
 
 def dynamic_sizes(text: str) -> list[tuple[int, int, int]]:
@@ -121,9 +139,11 @@ def decoders(pair, groups: dict, temperature: float, dynamic: list = (), chains:
 
 
 def compare(pair, groups: dict, args, clock: Clock) -> list[dict]:
-    """One row per method: tau, costs per call, tokens/s and speedup, from one interleaved run."""
-    made = decoders(pair, groups, args.temperature, args.dynamic,
-                    chains=args.chains is not None or args.trees is None)
+    """One row per method: tau, costs per call, tokens/s and speedup, from one interleaved run (the methods built
+    first: a tree the pair's vocabulary cannot hold is refused before any is measured)."""
+    chains = args.chains is not None or args.trees is None
+    made = built_before_measuring("python -m experiments.tree_bench",
+                                  lambda: decoders(pair, groups, args.temperature, args.dynamic, chains=chains))
 
     def method(decoder: specdec.Decoder) -> Method:
         def run(batch: list[list[int]], index: int) -> Decoded:

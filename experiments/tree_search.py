@@ -44,6 +44,7 @@ from experiments.harness import (
     Decoded, Method, Report, argument_parser, bench_clock, default_out_dir, fractions, load_bench_pair,
     positive_int, positive_ints, random_prompts, run_interleaved,
 )
+from experiments.refusal import check_device, check_pair, check_writable
 from specdec import Clock
 from specdec.batching import left_pad
 from specdec.models import SHAPED_PRESETS
@@ -57,6 +58,7 @@ HAND_PICKED = "1-1-1-1-1-1-1-1,2-1-1-1,2-1-1,2-2-1-1"
 CALIBRATION_CHAIN, CALIBRATION_TREE = (1, 1, 1, 1), (2, 2, 1)  # whose runs give the loop's time per step
 CALIBRATION_PROMPTS = 4  # profile prompts the calibration runs decode
 COST_CONTEXT = 128  # tokens in the cache when forwards are timed (about a prompt and its continuation)
+WRITTEN_BY = "# Token tree chosen by `python -m experiments.tree_search`"  # how the options it writes begin
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -73,26 +75,45 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--acceptance", type=fractions, default=None,
                    help="a *-shaped pair's synthetic per-position acceptance a_1,a_2,... (the last repeats)")
-    p.add_argument("--decay", type=float, default=1.0, help="with one --acceptance: a_i = a * decay^(i-1)")
+    p.add_argument("--decay", type=float, default=None,
+                   help="with one --acceptance: a_i = a * decay^(i-1) (default 1: the same at every depth)")
     p.add_argument("--compare", type=branchings_arg, default=HAND_PICKED,
                    help="hand-picked shapes measured beside the choice, e.g. 2-1-1,2-2-1-1 (all ones: a chain)")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per forward (costs)")
     p.add_argument("--config-name", default="tree_searched", help="writes <config-dir>/<name>.yaml")
     p.add_argument("--config-dir", type=Path, default=REPO / "configs" / "drafter",
                    help="where the chosen tree's drafter option is written (default: configs/drafter)")
-    p.add_argument("--out", type=Path, default=None, help="directory for tree_search.md/.json")
+    p.add_argument("--out", type=Path, default=None,
+                   help="directory for tree_search.md/.json (default: outputs/tree_search/<date_time>)")
     args = p.parse_args(argv)
     shaped = args.pair in SHAPED_PRESETS
     if shaped and args.acceptance is None:
         p.error(f"--pair {args.pair} has random weights: give its synthetic per-position --acceptance")
     if not shaped and args.acceptance is not None:
         p.error(f"--acceptance is for *-shaped pairs; {args.pair}'s acceptance is measured")
-    if not 0 < args.decay <= 1 or (args.acceptance is not None and len(args.acceptance) > 1 and args.decay != 1):
+    if not shaped and args.decay is not None:
+        p.error(f"--decay applies to a *-shaped pair's --acceptance; {args.pair}'s acceptance is measured, so "
+                f"--decay {args.decay} would mean nothing")
+    multiple = args.acceptance is not None and len(args.acceptance) > 1
+    if args.decay is not None and (not 0 < args.decay <= 1 or (multiple and args.decay != 1)):
         p.error(f"--decay must be in (0, 1] and applies to a single --acceptance, got {args.decay}")
+    args.decay = 1.0 if args.decay is None else args.decay
     if not args.config_name.replace("_", "").replace("-", "").isalnum():
         p.error(f"--config-name must be letters, digits, - and _, got {args.config_name!r}")
     if args.node_budget > MAX_TREE_NODES:
         p.error(f"--node-budget must be at most {MAX_TREE_NODES}, got {args.node_budget}")
+    if args.node_budget < 2:
+        p.error(f"--node-budget must be at least 2 (a tree has a node with 2 children; 1 node is a chain), got "
+                f"{args.node_budget}")
+    option = args.config_dir / f"{args.config_name}.yaml"
+    if option.exists() and not (option.is_file() and option.read_text(errors="replace").startswith(WRITTEN_BY)):
+        p.error(f"--config-name {args.config_name}: {option} exists and was not written by this search (a shipped "
+                f"option?); choose another name, or another --config-dir")
+    args.out = args.out or default_out_dir("tree_search")
+    p.check(lambda: check_device("--device", args.device),
+            lambda: check_pair("--pair", args.pair, args.device, args.dtype),
+            lambda: check_writable("--config-dir", args.config_dir),
+            lambda: check_writable("--out", args.out))
     return args
 
 
@@ -409,7 +430,7 @@ def write_config(branching: tuple[int, ...], directory: Path, name: str, setting
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.yaml"
     path.write_text(
-        f"# Token tree chosen by `python -m experiments.tree_search` ({setting}): predicted decode speedup "
+        f"{WRITTEN_BY} ({setting}): predicted decode speedup "
         f"{predicted:.2f}x.\n"
         f"# Run it with draft_length.k >= {len(branching)} (a step drafts min(k, {len(branching)}) levels), "
         f"e.g. drafter={name} draft_length.k={len(branching)}.\n"
@@ -484,8 +505,7 @@ def main(argv=None) -> None:
     config = write_config(best_tree, args.config_dir, args.config_name, setting,
                           rows[0]["predicted speedup (profile)"])
     report.add(f"Wrote `{config}` (branching {list(best_tree)}).")
-    out = args.out or default_out_dir("tree_search")
-    report.write(out / "tree_search.md", {"setting": setting, "costs": vars(costs), "checked": rows,
+    report.write(args.out / "tree_search.md", {"setting": setting, "costs": vars(costs), "checked": rows,
                                           "chosen": list(best_tree)})
 
 

@@ -16,7 +16,7 @@ import torch
 from specdec.cache import CachedModel, context_limit
 from specdec.checks import (
     check_allocation, check_bool, check_device, check_eos_ids, check_eval_mode, check_max_k, check_max_new_tokens,
-    check_model, check_parts, check_prompt, check_seed, check_strategy_object, model_device,
+    check_model, check_parts, check_prompt, check_seed, check_strategy_object, described, model_device,
 )
 from specdec.decode import HostRun, check_tree_support
 from specdec.device_loop import DeviceProgram, device_step_blocker
@@ -97,7 +97,7 @@ class Decoder:
         models = [target, *drafter.models()]
         for model in models:
             check_eval_mode(model)
-        limits = [context_limit(model) for model in models]
+        limits = [context_limit(model) for model in (models if drafter.bounds_context else models[:1])]
         self.context_limit = min((limit for limit in limits if limit is not None), default=None)
         self.target_context_limit = limits[0]
         # The most draft positions a step can have: the policy's, bounded by the context (a longer draft could never
@@ -145,7 +145,8 @@ class Decoder:
     def _generate(self, input_ids, attention_mask, max_new_tokens, eos_token_id, seed) -> GenerationOutput:
         vocab_size = self.target.config.vocab_size
         check_device("input_ids", input_ids, self.target)  # before any read of it: a meta tensor has no values
-        attention_mask = check_prompt(input_ids, attention_mask, self.context_limit, vocab_size)
+        attention_mask = check_prompt(input_ids, attention_mask, self.context_limit, vocab_size,
+                                      self.context_limit != self.target_context_limit)
         max_new_tokens = check_max_new_tokens(max_new_tokens)
         seed = check_seed(seed)
         batch_size = input_ids.shape[0]
@@ -222,7 +223,8 @@ def as_drafter(
     if draft is None or isinstance(draft, Drafter):
         return draft
     if not isinstance(draft, torch.nn.Module):
-        raise TypeError(f"draft must be a causal LM, a Drafter, or None; got {type(draft).__name__}")
+        raise TypeError(f"draft must be a causal LM, a Drafter, or None; got {type(draft).__name__} "
+                        f"({described(draft)})")
     check_model("draft", draft)
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(

@@ -59,15 +59,34 @@ def check_positive(name: str, value: object, allow_zero: bool = False) -> float:
     return float(value)
 
 
+def described(value: object) -> str:
+    """A value as an error message shows it: its repr where that is one short line, else its type (a model's repr
+    runs to hundreds of lines)."""
+    if isinstance(value, type):
+        return f"the class {value.__name__}"
+    shown = repr(value)
+    if isinstance(value, torch.nn.Module) or "\n" in shown or len(shown) > 80:
+        return f"a {type(value).__name__}"
+    return shown
+
+
 def check_parts(drafter: object, draft_length: object, sampling: object) -> None:
     """Wrong objects fail here, naming the argument, rather than deep inside a step. (Strategies are checked by
-    ``interfaces.as_strategy``, which also takes plain callables.)"""
+    ``check_strategy_object``, which also takes plain callables.)"""
     if not isinstance(drafter, Drafter):
-        raise TypeError(f"drafter must be a specdec.Drafter (ModelDrafter, NGramDrafter, or a subclass), got {drafter!r}")
+        hint = "; wrap a model in specdec.ModelDrafter(model)" if isinstance(drafter, torch.nn.Module) else ""
+        raise TypeError(f"drafter must be a specdec.Drafter (ModelDrafter, NGramDrafter, or a subclass), got "
+                        f"{described(drafter)}{hint}")
     if not isinstance(draft_length, DraftLengthPolicy):
-        raise TypeError(f"draft_length must be a draft-length policy (specdec.FixedLength(4), ...), got {draft_length!r}")
+        raise TypeError(f"draft_length must be a draft-length policy (specdec.FixedLength(4), ...), got "
+                        f"{described(draft_length)}")
+    check_sampling(sampling)
+
+
+def check_sampling(sampling: object) -> None:
     if not isinstance(sampling, SamplingConfig):
-        raise TypeError(f"sampling must be a specdec.SamplingConfig, got {sampling!r}")
+        raise TypeError(f"sampling must be a specdec.SamplingConfig (e.g. SamplingConfig(temperature=0) for greedy), "
+                        f"got {described(sampling)}")
 
 
 def check_eval_mode(model: torch.nn.Module) -> None:
@@ -107,10 +126,11 @@ def check_seed(seed: object) -> int:
     return value
 
 
-def check_prompt(input_ids, attention_mask, limit: int | None, vocab_size: int | None = None) -> torch.Tensor:
+def check_prompt(input_ids, attention_mask, limit: int | None, vocab_size: int | None = None,
+                 drafter_limit: bool = False) -> torch.Tensor:
     """Validate a [B, T] left-padded prompt batch (ids in [0, vocab_size) where it is known, checked before any
     forward: on a GPU an out-of-range id is a device-side assert that kills the CUDA context) and return its
-    attention mask."""
+    attention mask. ``drafter_limit``: ``limit`` is the drafter's model's, shorter than the target's."""
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.LongTensor of shape [B, T], got {type(input_ids).__name__}")
     if input_ids.dtype not in (torch.long, torch.int):
@@ -143,10 +163,10 @@ def check_prompt(input_ids, attention_mask, limit: int | None, vocab_size: int |
             bad = real[(real < 0) | (real >= vocab_size)][0].item()
             raise ValueError(f"input_ids holds token id {bad}, outside the target's vocabulary [0, {vocab_size})")
     if limit is not None and int(lengths.max()) >= limit:
-        raise ValueError(
-            f"prompt of {int(lengths.max())} tokens is at or beyond the context limit of {limit} positions; "
-            f"prompts must be shorter than {limit} tokens"
-        )
+        whose = "the drafter's context limit (its model's, shorter than the target's)" if drafter_limit else \
+            "the context limit"
+        raise ValueError(f"prompt of {int(lengths.max())} tokens is at or beyond {whose} of {limit} positions; "
+                         f"prompts must be shorter than {limit} tokens")
     return attention_mask
 
 
@@ -200,6 +220,40 @@ def check_model(role: str, model: object) -> None:
                          f"never loaded; load the model with from_pretrained (or to_empty() and load_state_dict)")
 
 
+# What specdec reads of a transformers tokenizer (``specdec.token_bridge``).
+TOKENIZER_ATTRIBUTES = ("get_vocab", "batch_decode", "__call__", "all_special_ids", "added_tokens_decoder",
+                        "eos_token_id")
+
+
+def check_tokenizer(role: str, tokenizer: object) -> None:
+    """A loaded transformers tokenizer: not its name, not None, not a bare ``tokenizers.Tokenizer``."""
+    if isinstance(tokenizer, (str, Path)):
+        raise TypeError(f"{role} must be a loaded tokenizer, got the name {str(tokenizer)!r}; load it first, e.g. "
+                        f"AutoTokenizer.from_pretrained({str(tokenizer)!r}) or specdec.load_pair(...)")
+    if tokenizer is None:
+        raise TypeError(f"{role} must be a transformers tokenizer, got None")
+    missing = [name for name in TOKENIZER_ATTRIBUTES if not hasattr(tokenizer, name)]
+    if missing:
+        raise TypeError(f"{role} {type(tokenizer).__name__} has no {', '.join(missing)}: a transformers tokenizer "
+                        f"is needed (wrap a tokenizers.Tokenizer in PreTrainedTokenizerFast)")
+
+
+def check_vocabulary_fits(name: str, vocab_size: int, tokenizer_role: str, id_range: int) -> None:
+    """Every id the tokenizer encodes has a row in a vocabulary of ``vocab_size`` (an id beyond it is an index
+    error in the model's embedding, in the middle of ``generate``)."""
+    if vocab_size < id_range:
+        raise ValueError(f"{name}={vocab_size} is smaller than the {tokenizer_role}'s {id_range} token ids: every id "
+                         f"it encodes needs a row in that vocabulary; pair each model with its own tokenizer")
+
+
+def check_children_fit_vocabulary(name: str, children: int, vocab_size: int) -> None:
+    """A tree node's children are distinct tokens (the draft's top tokens at temperature 0, draws without
+    replacement in a dynamic tree), so a node has at most as many as the vocabulary holds."""
+    if children > vocab_size:
+        raise ValueError(f"{name} gives a node {children} children, more than the draft's vocabulary of "
+                         f"{vocab_size} tokens holds (a node's children are distinct tokens)")
+
+
 def check_strategy_object(strategy: object) -> None:
     """An acceptance strategy instance, or a plain callable rule (``interfaces.as_strategy`` wraps it). A strategy
     class is refused: as a callable it would be wrapped as a rule, and each step would call its constructor."""
@@ -213,7 +267,8 @@ def check_strategy_object(strategy: object) -> None:
         raise TypeError(f"strategy must be an acceptance strategy object, got the name {strategy!r}; Decoder takes "
                         f"objects (specdec.STRATEGIES[{strategy!r}]()), specdec.generate takes names")
     if not callable(strategy):
-        raise TypeError(f"strategy must be an acceptance strategy (specdec.Speculative(), ...), got {strategy!r}")
+        raise TypeError(f"strategy must be an acceptance strategy (specdec.Speculative(), ...), got "
+                        f"{described(strategy)}")
 
 
 def check_allocation(name: str, numel: int, dtype: torch.dtype, device: torch.device | str) -> None:

@@ -34,8 +34,9 @@ but a cache rolls back only what it was fed this step. So each row's last ``hold
 kept: they are queued again and fed with the next step's first forward, where a rewrite replaces them freely. A
 rewrite reaching further back (rare with 2: no case in 1,450 commits of held-out text between GPT-2's BPE and
 the embedded pair's) rebuilds the draft cache from every row's context in one prefill (``ConversionStats
-.rebuilds``). So does a draft context that would outgrow the draft model's positions (a less efficient draft
-tokenizer): its rows keep their last tokens.
+.rebuilds``). So does a draft context that would outgrow the draft model's positions: its rows keep their last
+tokens, and a step drafts at most half the positions (``fit_positions``). The draft's positions therefore bound no
+row (``bounds_context`` is False): the target's context alone does.
 
 Costs (``ConversionStats``): draft tokens per proposed target token, host seconds in the bridge (decoding and
 re-encoding: tokenizers are host code, one batched call per operation), one host read per draft round at
@@ -46,18 +47,19 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from specdec.cache import check_runner_options, context_limit, static_capacity
-from specdec.checks import model_device
+from specdec.checks import as_integer, check_draft_length, check_tokenizer, check_vocabulary_fits, model_device
 from specdec.context import CachedContext
 from specdec.drafters import DRAFT_ROOM_GUESS, ModelDrafter
 from specdec.interfaces import StopHook
 from specdec.layout import Proposal
 from specdec.sampling import SamplingConfig, finite_peaks, greedy_choice, logits_to_probs, one_hot_probs, sample
-from specdec.token_bridge import TokenBridge, same_tokens
+from specdec.token_bridge import TokenBridge, id_range, same_tokens
 from specdec.types import StepOutcome
 
 TRANSLATIONS = ("auto", "text")
@@ -130,13 +132,22 @@ class CrossTokenizerDrafter(ModelDrafter):
                  look_behind: int = 10, hold_back: int = 2, max_rounds: int = 3, translate: str = "auto",
                  label: str = "draft", forward: str = "auto", compile: bool = False):
         check_text_options(look_behind, hold_back, max_rounds, translate)
+        look_behind, hold_back, max_rounds = (as_integer(value) for value in (look_behind, hold_back, max_rounds))
+        check_tokenizer("draft_tokenizer", draft_tokenizer)
+        check_tokenizer("target_tokenizer", target_tokenizer)
+        super().__init__(model, label=label, cache_layout="dynamic", forward=forward, compile=compile)
         draft_vocab_size = model.config.vocab_size
+        check_vocabulary_fits("the draft model's vocab_size", draft_vocab_size, "draft tokenizer",
+                              id_range(draft_tokenizer, "draft"))
+        if target_vocab_size is not None:
+            check_draft_length("target_vocab_size", target_vocab_size)
+            check_vocabulary_fits("target_vocab_size", target_vocab_size, "target tokenizer",
+                                  id_range(target_tokenizer, "target"))
         shares_ids = (translate == "auto" and same_tokens(draft_tokenizer, target_tokenizer)
                       and target_vocab_size in (None, draft_vocab_size))
         if compile and not shares_ids:
             raise ValueError("compile=True needs the same tokenizer on both sides (translate='auto'): across "
                              "tokenizers the draft's feeds change width every step, so it runs eager")
-        super().__init__(model, label=label, cache_layout="dynamic", forward=forward, compile=compile)
         self.hold_back, self.max_rounds = hold_back, max_rounds
         self.bridge: TokenBridge | None = None  # None: ids are shared, and this is a ModelDrafter
         if not shares_ids:
@@ -149,11 +160,21 @@ class CrossTokenizerDrafter(ModelDrafter):
             self.start_token = next((i for i in (draft_tokenizer.bos_token_id, draft_tokenizer.eos_token_id)
                                      if i is not None), None)
             self.position_limit = context_limit(model)
+            if self.bridge.num_shared == 0:
+                warnings.warn("the draft and target tokenizers spell no token the same: at temperature > 0 (TLI) "
+                              "this drafter proposes nothing, and decoding is the target's alone", stacklevel=2)
         self.stats = ConversionStats()
 
     @property
     def drafts_on_device(self) -> bool:
         return self.bridge is None and super().drafts_on_device
+
+    @property
+    def bounds_context(self) -> bool:
+        """Across tokenizers the draft's context is its own re-encoding of the text, kept within its model's
+        positions (``fit_positions``): the target's context alone bounds a row. With shared ids, as a
+        ``ModelDrafter``."""
+        return self.bridge is None
 
     def check_target(self, target: torch.nn.Module) -> None:
         """Across tokenizers its proposals (and q') span the target vocabulary the bridge was built for, which must
@@ -187,6 +208,7 @@ class CrossTokenizerDrafter(ModelDrafter):
         draft_ids = [self.prefix[:r.keep] + r.feed for r in resyncs]
         self.rows = TextRows(target_ids, [span.end for span in spans], [self.started(row, i) for i, row in
                              enumerate(draft_ids)], [0] * batch_size, [True] * batch_size)
+        self.keep_last_tokens(self.most_drafted_per_step())
         self.live = None
         self.num_forwards = 0
         self.prefill(input_ids.device)
@@ -220,22 +242,40 @@ class CrossTokenizerDrafter(ModelDrafter):
             return super().draft(k, sampling, generator, stop)
         if sampling.is_greedy:
             ratio = self.draft_ratio()
-            self.fit_positions(self.max_rounds * self.round_size(k, ratio))
-            return self.draft_text(k, ratio)
-        self.fit_positions(k)
-        return self.draft_shared(k, sampling, generator, stop)
+            most = self.most_drafted_per_step(self.max_rounds * self.round_size(k, ratio))
+            self.fit_positions(most)
+            return self.draft_text(k, ratio, most)
+        if self.bridge.num_shared == 0:  # q' has no token to sample: propose nothing (exact, and plain decoding)
+            return Proposal(self.drafted, None)
+        most = self.most_drafted_per_step(k)
+        self.fit_positions(most)
+        return self.draft_shared(most, sampling, generator, stop)
 
-    def fit_positions(self, most_drafted: int) -> None:
+    def most_drafted_per_step(self, wanted: int | None = None) -> int | None:
+        """Draft tokens one step may draft: ``wanted`` (None: no bound), at most half the draft model's positions
+        so that a context of the other half always fits before them."""
+        if self.position_limit is None:
+            return wanted
+        half = max(self.position_limit // 2, 1)
+        return half if wanted is None else min(wanted, half)
+
+    def fit_positions(self, most_drafted: int | None) -> None:
         """Rebuild the draft cache where a commit asked for it, or where a row could outgrow the draft model's
-        positions with ``most_drafted`` more tokens (it keeps its last tokens: half the room)."""
-        limit, rows = self.position_limit, self.rows
-        room = None if limit is None else limit - most_drafted
-        too_long = [] if room is None else [i for i, ids in enumerate(rows.draft_ids) if len(ids) > room]
-        for i in too_long:
-            rows.draft_ids[i] = rows.draft_ids[i][-max(room // 2, 1):]
-        if too_long or self.needs_prefill:
+        positions with ``most_drafted`` more tokens (it keeps its last tokens)."""
+        if self.keep_last_tokens(most_drafted) or self.needs_prefill:
             self.stats.rebuilds += 1
             self.prefill(self.context.queue.device)
+
+    def keep_last_tokens(self, most_drafted: int | None) -> bool:
+        """Cut each row's draft context that would outgrow the draft model's positions with ``most_drafted`` more
+        tokens to its last tokens (half the room, so a rebuild is rare); whether any was cut."""
+        if self.position_limit is None:
+            return False
+        room, rows = self.position_limit - most_drafted, self.rows
+        too_long = [i for i, ids in enumerate(rows.draft_ids) if len(ids) > room]
+        for i in too_long:
+            rows.draft_ids[i] = rows.draft_ids[i][-max(room // 2, 1):]
+        return bool(too_long)
 
     def draft_ratio(self) -> float:
         """Draft tokens per target token in the live rows' committed text (their largest), at most the cap."""
@@ -249,14 +289,16 @@ class CrossTokenizerDrafter(ModelDrafter):
         """Draft tokens for ``missing`` target tokens; to_target leaves out the last token, whose text could grow."""
         return math.ceil(missing * ratio) + 1
 
-    def draft_text(self, k: int, ratio: float) -> Proposal:
+    def draft_text(self, k: int, ratio: float, most: int | None) -> Proposal:
         """Temperature 0: greedy draft rounds until every live row's text gives k target tokens (or it drafted
-        its EOS, or ``max_rounds`` ran); the first k of each row's target tokens, padded."""
+        its EOS, or ``max_rounds`` ran, or ``most`` draft tokens were drafted); the first k of each row's target
+        tokens, padded."""
         live = [i for i, on in enumerate(self.rows.live) if on]
         tokens, peaks = [], []  # [B] each per drafted token
         logits = self.feed().logits[:, -1]  # [B, V_draft]
         size = self.round_size(k, ratio)
         for round_index in range(self.max_rounds):
+            size = size if most is None else min(size, most - len(tokens))
             if round_index:
                 logits = self.feed(tokens[-1].unsqueeze(1)).logits[:, -1]
             for i in range(size):
@@ -269,7 +311,7 @@ class CrossTokenizerDrafter(ModelDrafter):
             host = drafted.tolist()  # one host read per round
             targets = self.to_target(host, live)
             short = [k - len(targets[i]) for i in live if self.draft_eos not in host[i]]
-            if max(short, default=0) <= 0:
+            if max(short, default=0) <= 0 or (most is not None and len(tokens) >= most):
                 break
             size = self.round_size(max(short), ratio)
         self.drafted, self.num_fed = drafted, drafted.shape[1] - 1
@@ -394,7 +436,7 @@ class CrossTokenizerDrafter(ModelDrafter):
 
 def check_text_options(look_behind: object, hold_back: object, max_rounds: object, translate: object) -> None:
     for name, value in (("look_behind", look_behind), ("hold_back", hold_back), ("max_rounds", max_rounds)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if as_integer(value) is None or value < 1:
             raise ValueError(f"{name} must be an integer >= 1 (tokens, or rounds), got {value!r}")
     if translate not in TRANSLATIONS:
         raise ValueError(f"translate must be one of {', '.join(TRANSLATIONS)}, got {translate!r}")

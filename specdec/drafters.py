@@ -18,7 +18,7 @@ import torch
 
 from specdec.cache import CachedModel, adopted, check_runner_options, static_capacity
 from specdec.checkpoints import load_draft_model, read_drafter_config
-from specdec.checks import as_integer, model_device
+from specdec.checks import as_integer, check_children_fit_vocabulary, check_model, model_device
 from specdec.context import CachedContext
 from specdec.lean import LeanForward
 from specdec.interfaces import Drafter, StopHook
@@ -41,6 +41,7 @@ class CachedDrafter(Drafter):
 
     def __init__(self, model: torch.nn.Module, label: str = "draft", forward: str = "auto",
                  cache_layout: str = "dynamic", compile: bool = False, lean: LeanForward | None = None):
+        check_model(f"{type(self).__name__}'s model", model)
         self.model, self.label = model, label
         self.runner = CachedModel(model, label, forward, cache_layout, compile, lean)
         self.selects_rows = self.runner.selects_rows
@@ -227,6 +228,8 @@ class TreeDrafter(CachedDrafter):
         self.branching = tree_shape(as_branching(branching)).branching
         self.layouts: dict[tuple, TreeLayout] = {}  # (depth, device) -> the tree's first levels there; ``release``
         super().__init__(model, label, forward)
+        check_children_fit_vocabulary(f"branching {list(self.branching)}", max(self.branching),
+                                      model.config.vocab_size)
 
     def layout(self, depth: int, device: torch.device) -> TreeLayout:
         """The layout of the tree's first ``depth`` levels on ``device``, built once per drafter."""
@@ -256,8 +259,11 @@ class TreeDrafter(CachedDrafter):
 
 
 def as_branching(value: object) -> object:
-    """A branching as ``tree_shape`` takes it: any sequence of children counts (a list, or a config's list) as a
-    tuple, numpy integers in it as ints; anything else as given, for ``tree_shape`` to refuse."""
+    """A branching as ``tree_shape`` takes it: any sequence of children counts (a list, a config's list, a 1-d
+    array or tensor) as a tuple, numpy integers in it as ints; anything else as given, for ``tree_shape`` to
+    refuse."""
+    if hasattr(value, "ndim") and hasattr(value, "tolist") and value.ndim == 1:  # numpy array, tensor
+        value = value.tolist()
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         return value
     return tuple(b if as_integer(b) is None else as_integer(b) for b in value)

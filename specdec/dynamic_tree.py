@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specdec.cache import check_runner_options
-from specdec.checks import check_draft_length
+from specdec.checks import check_children_fit_vocabulary, check_draft_length
 from specdec.drafters import CachedDrafter
 from specdec.interfaces import StopHook
 from specdec.layout import Proposal, RowTreeLayout
@@ -200,6 +200,7 @@ class DynamicTreeDrafter(CachedDrafter):
         self.candidates: CandidateTree | None = None  # this step's, where it drafted
         self.kept_slots: torch.Tensor | None = None  # [B, N] this step's candidates the proposal holds
         super().__init__(model, label, forward)
+        check_children_fit_vocabulary(f"top_k={top_k}", top_k, model.config.vocab_size)
 
     def propose(self, k: int, sampling: SamplingConfig, generator: torch.Generator,
                 stop: StopHook | None = None) -> Proposal:

@@ -6,9 +6,9 @@
 
 A part subclasses its interface and overrides what it does; the loop reads the declared capabilities
 (``greedy_at_point_masses``, ``judges_ids``, ``requires_greedy``, ``proposes_nothing``, ``selects_rows``,
-``drafts_trees``, ``drafts_on_device``, ``trusted_proposals``, ``target_states``, ``stops_drafts``, ``adapts``,
-``models``) and never probes. Shapes and notation are those of
-``specdec.types``; the words the code coins are in docs/glossary.md.
+``drafts_trees``, ``drafts_on_device``, ``trusted_proposals``, ``target_states``, ``bounds_context``,
+``stops_drafts``, ``adapts``, ``models``) and never probes. Shapes and notation are those of ``specdec.types``; the
+words the code coins are in docs/glossary.md.
 
 Where to add a part: a strategy subclasses ``AcceptanceStrategy`` (``__call__`` on a chain; ``judge_tree`` for
 trees); a drafter that runs a cached model subclasses ``specdec.drafters.CachedDrafter`` and writes ``draft``;
@@ -128,6 +128,8 @@ class Drafter:
     ``needs_pair`` (built from a loaded model pair by ``from_pair``); ``target_states`` (the target's hidden states
     it reads, a ``StateRequest``: the verification returns them and ``commit`` receives them in
     ``outcome.target_states``; None, the default, costs nothing).
+    ``bounds_context`` (its models' positions bound how long a row may grow, as the target's do; False for a
+    drafter that keeps its own context within them).
     """
 
     name: str = "custom"
@@ -139,6 +141,7 @@ class Drafter:
     trusted_proposals: bool = False
     needs_pair: bool = False
     target_states: StateRequest | None = None
+    bounds_context: bool = True
 
     @classmethod
     def from_pair(cls, pair, compile: bool = False, forward: str = "auto", **options) -> "Drafter":

@@ -111,7 +111,7 @@ class MedusaDrafter(Drafter):
     def tree(self, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> Proposal:
         """Medusa's tree over the heads' [B, d, V] logits: level i's nodes from head i - 1 (module docstring)."""
         layout = self.layout(logits.shape[1], logits.device)
-        batch, parents, levels = logits.shape[0], 1, []
+        parents, levels = 1, []
         probs = None if sampling.is_greedy else logits_to_probs(logits, sampling)  # [B, d, V]
         for level, b in enumerate(layout.shape.branching):
             if probs is None:

@@ -15,6 +15,8 @@ from huggingface_hub.utils import validate_repo_id
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel,
                           GPT2Tokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase)
 
+from specdec.token_bridge import same_tokens
+
 EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
 GPT2_TOKENIZER_DIR = Path(__file__).resolve().parent / "gpt2_tokenizer"  # GPT-2's BPE files (MIT, see LICENSE)
 HUB_PRESETS = {  # preset -> (draft id, target id); GPT-2 sizes share one tokenizer
@@ -279,13 +281,16 @@ def plan_pair(preset: str | None = "embedded", *, draft: str | None = None, targ
                          f"{draft_config.vocab_size} vs {target_config.vocab_size}; {CROSS_HINT}")
     tokenizer = load_tokenizer(spec.target_tokenizer)
     draft_tok = None
-    if spec.draft_tokenizer != spec.target_tokenizer:
+    if spec.draft_tokenizer != spec.target_tokenizer:  # two places; compared by content (two copies are one)
         draft_tok = load_tokenizer(spec.draft_tokenizer)
         if not cross_tokenizer:
             check_same_tokenizer(draft_tok, tokenizer, spec)
             draft_tok = None
-    return PairPlan(spec.name, spec, torch_device, torch_dtype, left_padded(tokenizer),
-                    pair_context_limit(draft_config, target_config), draft_tok)
+        elif same_tokens(draft_tok, tokenizer) and draft_config.vocab_size == target_config.vocab_size:
+            draft_tok = None
+    # Across tokenizers the drafter keeps its context within the draft's positions: the target's alone bound a row.
+    limit = positions_of(target_config) if draft_tok is not None else pair_context_limit(draft_config, target_config)
+    return PairPlan(spec.name, spec, torch_device, torch_dtype, left_padded(tokenizer), limit, draft_tok)
 
 
 def with_tokenizers(spec: PairSpec, draft_tokenizer: str | None, target_tokenizer: str | None) -> PairSpec:

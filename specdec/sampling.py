@@ -59,6 +59,14 @@ class SamplingConfig:
 
 def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     """[..., V] logits -> [..., V] float32 probabilities after temperature, top-k, top-p and min-p."""
+    if not isinstance(sampling, SamplingConfig):
+        raise TypeError(f"sampling must be a specdec.SamplingConfig (e.g. SamplingConfig(temperature=0) for greedy), "
+                        f"got {sampling!r:.80} ({type(sampling).__name__})")
+    if not isinstance(logits, torch.Tensor) or logits.dim() == 0:
+        raise TypeError(f"logits must be a [..., V] tensor, got {logits!r:.80} ({type(logits).__name__})")
+    if logits.shape[-1] == 0:
+        raise ValueError(f"logits have shape {tuple(logits.shape)}: an empty vocabulary axis V has no token to "
+                         f"choose")
     logits = logits.float()
     if sampling.is_greedy:
         return one_hot_probs(greedy_choice(logits)[0], logits.shape[-1])

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.checks import as_integer, check_number
 from specdec.rules import probs_of
 
 
@@ -127,8 +128,23 @@ def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:
     """Leviathan et al. (2023) eq. 1, expected walltime improvement, in the form that also holds at alpha = 1:
 
         (1 - a^(k+1)) / ((1 - a)(k c + 1))  =  (sum_{i=0..k} a^i) / (k c + 1)
+
+    NaN in alpha or c (an acceptance or a cost not measured) gives NaN; a value outside its range is refused.
     """
+    check_prediction_inputs(alpha, k, cost_ratio)
     return sum(alpha**i for i in range(k + 1)) / (k * cost_ratio + 1)
+
+
+def check_prediction_inputs(alpha: object, k: object, cost_ratio: object) -> None:
+    """alpha in [0, 1], k an integer >= 0, c a finite number >= 0; NaN alpha or c passes (not measured)."""
+    check_number("alpha", alpha)
+    check_number("cost_ratio", cost_ratio)
+    if not (0 <= alpha <= 1 or math.isnan(alpha)):
+        raise ValueError(f"alpha must be an acceptance rate in [0, 1] (or NaN, not measured), got {alpha!r}")
+    if as_integer(k) is None or k < 0:
+        raise ValueError(f"k must be an integer >= 0 (draft tokens per step), got {k!r}")
+    if not (0 <= cost_ratio < math.inf or math.isnan(cost_ratio)):
+        raise ValueError(f"cost_ratio must be a finite number >= 0 (or NaN, not measured), got {cost_ratio!r}")
 
 
 class StepLog:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.checks import check_draft_length, check_positive, check_probability
+from specdec.checks import check_draft_length, check_positive, check_probability, check_strategy_object
 from specdec.interfaces import AcceptanceStrategy, as_strategy
 from specdec.rules import (
     at_parents, count_leading_true, first_accepted_path, greedy_tree, greedy_verdict, node_probs, nodewise_tree,
@@ -258,6 +258,7 @@ STRATEGIES = {
 def make_strategy(strategy: str | AcceptanceStrategy, **params) -> AcceptanceStrategy:
     """A strategy by name (with its parameters), or an already built one (a plain callable is wrapped)."""
     if not isinstance(strategy, str):
+        check_strategy_object(strategy)
         return as_strategy(strategy)
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; known strategies: {', '.join(STRATEGIES)}")

@@ -30,10 +30,10 @@ from typing import NamedTuple
 
 import torch
 
+from specdec.checks import check_tokenizer as check_transformers_tokenizer
+
 REPLACEMENT = "\ufffd"  # what decoding gives for bytes that are not (yet) a whole UTF-8 character
 ANCHOR = "a"  # plain text decoded before each single token, so its own leading space or join shows
-REQUIRED_ATTRIBUTES = ("get_vocab", "batch_decode", "__call__", "all_special_ids", "added_tokens_decoder",
-                       "eos_token_id")  # what the bridge uses of a transformers tokenizer
 MAX_CHARACTER_TOKENS = 4  # a character is at most 4 UTF-8 bytes, so at most 3 trailing tokens can be incomplete
 
 
@@ -187,19 +187,21 @@ class TokenBridge:
 
 def check_tokenizer(tokenizer, role: str, vocab_size: int | None) -> int:
     """The id range the maps cover; one clear error for a tokenizer the bridge cannot use."""
-    missing = [name for name in REQUIRED_ATTRIBUTES if not hasattr(tokenizer, name)]
-    if missing:
-        raise TypeError(f"{role} tokenizer {type(tokenizer).__name__} has no {', '.join(missing)}: TokenBridge needs "
-                        f"a transformers tokenizer (wrap a tokenizers.Tokenizer in PreTrainedTokenizerFast)")
+    check_transformers_tokenizer(f"{role} tokenizer", tokenizer)
+    if vocab_size is not None and (not isinstance(vocab_size, int) or vocab_size < 1):
+        raise ValueError(f"{role}_vocab_size must be a positive int, got {vocab_size!r}")
+    return vocab_size or id_range(tokenizer, role)
+
+
+def id_range(tokenizer, role: str) -> int:
+    """The ids a tokenizer encodes to lie in [0, id_range): its largest id + 1 (added tokens included)."""
     try:
         vocab = tokenizer.get_vocab()
     except NotImplementedError:
         vocab = {}
     if not vocab:
         raise ValueError(f"{role} tokenizer {type(tokenizer).__name__} has no vocabulary (get_vocab() is empty)")
-    if vocab_size is not None and (not isinstance(vocab_size, int) or vocab_size < 1):
-        raise ValueError(f"{role}_vocab_size must be a positive int, got {vocab_size!r}")
-    return vocab_size or max(vocab.values()) + 1
+    return max(vocab.values()) + 1
 
 
 def special_ids(tokenizer) -> set[int]:

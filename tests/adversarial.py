@@ -1,5 +1,5 @@
-"""A fresh adversarial pass (issue 28, "What it must show"): inputs nobody had tried before, across the library, the
-experiment CLI and the report, and run-directory durability.
+"""The adversarial passes (issue 28's, then issue 35's, each "What it must show"): inputs nobody had tried before,
+across the library, the experiment CLI, the benches and the report, and run-directory durability.
 
 Each probe is a small function that tries one input and returns the ``Outcome`` it observed, in one of these classes:
 
@@ -12,9 +12,10 @@ Each probe is a small function that tries one input and returns the ``Outcome`` 
 - silently wrong: a wrong output, or a row lost or counted twice;
 - silently accepted: a bad input that runs.
 
-``PROBES`` lists every probe with the class it must have now (``expected``) and, where this pass fixed it, the class
-it had before (``before``). tests/test_adversarial.py runs them. ``python tests/adversarial.py`` (from the repository
-root) runs them all and prints the table of docs/reliability.md's "Adversarial pass"; ``-v`` lists every probe.
+``PROBES`` lists every probe with the pass it belongs to (``issue``: 28 or 35), the class it must have now
+(``expected``) and, where its pass fixed it, the class it had before (``before``). tests/test_adversarial.py runs
+them. ``python tests/adversarial.py`` (from the repository root) runs them all and prints one table per pass, those
+of docs/reliability.md's "Adversarial passes"; ``--issue 35`` runs one pass; ``-v`` lists every probe.
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ class Probe:
     name: str
     run: Callable[[], Outcome]
     expected: str  # the class it must have
-    before: str | None  # the class it had before this pass fixed it; None: unchanged
+    before: str | None  # the class it had before its pass fixed it; None: unchanged
     slow: bool  # runs subprocesses or large inputs (tests/test_adversarial.py marks it slow)
+    issue: int  # the pass that added it (ISSUES)
 
     @property
     def description(self) -> str:
@@ -77,12 +79,14 @@ class Probe:
 
 
 PROBES: list[Probe] = []
+ISSUES = (28, 35)  # the passes, in order
 
 
-def probe(area: str, expected: str, before: str | None = None, slow: bool = False):
-    """Register the decorated function as a probe of ``area`` that must now be ``expected``."""
+def probe(area: str, expected: str, before: str | None = None, slow: bool = False, issue: int = 28):
+    """Register the decorated function as a probe of ``area``, added by the pass of ``issue``, that must now be
+    ``expected``."""
     def register(function: Callable[[], Outcome]) -> Callable[[], Outcome]:
-        PROBES.append(Probe(area, function.__name__, function, expected, before, slow))
+        PROBES.append(Probe(area, function.__name__, function, expected, before, slow, issue))
         return function
     return register
 
@@ -1038,9 +1042,10 @@ def more_prompts_asked_than_the_file_has() -> Outcome:
     return holds(lambda: decoded(run_dir, "num_prompts=1000", count=6))
 
 
-@probe(CLI, CONFUSING, slow=True)
+@probe(CLI, CLEAR, before=CONFUSING, slow=True)
 def unquoted_unicode_run_directory() -> Outcome:
-    """hydra.run.dir=<dir>/rün dïr unquoted: Hydra's override grammar refuses it in several lines (quoted, it works)."""
+    """hydra.run.dir=<dir>/rün dïr unquoted: Hydra's override grammar refused it in several lines, exit 1 (until
+    issue 35's pass; quoted, it works)."""
     directory = scratch("run_dir") / "rün dïr"
     return command_refusal(cli(f"hydra.run.dir={directory}"), "hydra.run.dir")
 
@@ -1505,6 +1510,777 @@ def read_only_rows_file() -> Outcome:
     return outcome if kept == 2 else Outcome(SILENTLY_WRONG, f"{kept} rows left of 2")
 
 
+# === Issue 35's pass: the newest parts (trees, dynamic trees, the cross-tokenizer drafter, the benches and
+# tree_search, the config groups, damaged run directories), none of them tried above or in issue 35's list ========
+
+def parse_refusal(parse: Callable[[list[str]], object], argv: list[str], *named: str) -> Outcome:
+    """A command's argument parsing (``parse_args``, in-process) that must refuse ``argv``: clear when it exits 2
+    with one line on stderr naming ``named``."""
+    err = io.StringIO()
+    try:
+        with time_limit(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            parse(argv)
+    except SystemExit as exited:
+        lines = [line for line in err.getvalue().splitlines() if line.strip()]
+        missing = [name for name in named if name not in err.getvalue()]
+        if exited.code != 2 or len(lines) != 1 or missing:
+            return Outcome(CONFUSING, f"exit {exited.code}, {len(lines)} line(s): {first_line(err.getvalue())}")
+        return Outcome(CLEAR, lines[0][:300])
+    except Exception as error:  # every kind is classified
+        return error_outcome(error, named)
+    return Outcome(SILENTLY_ACCEPTED, "parsed without complaint")
+
+
+def parsed(parse: Callable[[list[str]], object], argv: list[str], check: Callable[[object], str | None]) -> Outcome:
+    """A command's valid arguments: parsed without complaint, and ``check(args)`` finds nothing wrong."""
+    def run():
+        with contextlib.redirect_stderr(io.StringIO()):
+            try:
+                return check(parse(argv))
+            except SystemExit as exited:
+                return f"refused (exit {exited.code})"
+    return holds(run)
+
+
+def small_models() -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(target, draft) sharing a vocabulary of 8 ids."""
+    return tiny_gpt2(0, layers=2, vocab=8), tiny_gpt2(1, layers=1, vocab=8)
+
+
+def decoded_with(drafter, temperature: float = 0.0, new: int = 10, prompts: list[list[int]] = PROMPTS,
+                 **options) -> list[list[int]]:
+    """The tiny target's tokens with ``drafter`` (k = 3), from a Decoder built with ``options``."""
+    import specdec
+
+    decoder = specdec.Decoder(models()[0], drafter, specdec.Speculative(), specdec.FixedLength(3),
+                              specdec.SamplingConfig(temperature), **options)
+    return decoder.generate(*batch(prompts), max_new_tokens=new).tokens
+
+
+# --- Library: trees and dynamic trees --------------------------------------------------------------------------------
+
+@probe(LIBRARY, CORRECT, before=CONFUSING, issue=35)
+def tree_branching_as_a_numpy_array() -> Outcome:
+    """TreeDrafter(draft, np.array([2, 1])): a 1-d array of children was refused as "not a list"."""
+    import specdec
+
+    return agreement(lambda: decoded_with(specdec.TreeDrafter(models()[1], np.array([2, 1]))), reference())
+
+
+@probe(LIBRARY, CORRECT, before=CONFUSING, issue=35)
+def tree_branching_as_a_tensor() -> Outcome:
+    """TreeDrafter(draft, torch.tensor([2, 2, 1]))."""
+    import specdec
+
+    return agreement(lambda: specdec.TreeDrafter(models()[1], torch.tensor([2, 2, 1])).branching, (2, 2, 1))
+
+
+@probe(LIBRARY, CLEAR, issue=35)
+def tree_branching_with_a_float() -> Outcome:
+    """TreeDrafter branching [2, 1.0]."""
+    import specdec
+
+    return refusal(lambda: specdec.TreeDrafter(models()[1], [2, 1.0]), "branching", "[2, 1.0]")
+
+
+@probe(LIBRARY, CLEAR, issue=35)
+def tree_of_4094_nodes() -> Outcome:
+    """TreeDrafter branching of eleven 2s (2 + 4 + ... + 2048 = 4094 nodes)."""
+    import specdec
+
+    return refusal(lambda: specdec.TreeDrafter(models()[1], (2,) * 11), "4094 nodes", "1024")
+
+
+@probe(LIBRARY, CORRECT, issue=35)
+def tree_as_wide_as_the_vocabulary() -> Outcome:
+    """TreeDrafter (8, 1) on a pair with 8 token ids: every token is a child of the root."""
+    import specdec
+
+    target, draft = small_models()
+    prompt = random_prompts([5], seed=4, vocab=8)[0]
+    return agreement(lambda: specdec.generate(target, torch.tensor([prompt]), draft=specdec.TreeDrafter(draft, (8, 1)),
+                                              k=2, max_new_tokens=8).tokens, [hf_greedy(target, prompt, 8)])
+
+
+@probe(LIBRARY, CORRECT, issue=35)
+def dynamic_tree_with_numpy_sizes() -> Outcome:
+    """DynamicTreeDrafter(draft, np.int64(8), np.int64(3), np.int64(2))."""
+    import specdec
+
+    drafter = specdec.DynamicTreeDrafter(models()[1], np.int64(8), np.int64(3), np.int64(2))
+    return agreement(lambda: decoded_with(drafter), reference())
+
+
+@probe(LIBRARY, CORRECT, issue=35)
+def dynamic_tree_of_one_node() -> Outcome:
+    """DynamicTreeDrafter(draft, 1, 1, 1): a chain of one draft token."""
+    import specdec
+
+    return agreement(lambda: decoded_with(specdec.DynamicTreeDrafter(models()[1], 1, 1, 1)), reference())
+
+
+@probe(LIBRARY, CLEAR, issue=35)
+def dynamic_tree_budget_of_true() -> Outcome:
+    """DynamicTreeDrafter(draft, node_budget=True)."""
+    import specdec
+
+    return refusal(lambda: specdec.DynamicTreeDrafter(models()[1], node_budget=True), "node_budget", "True")
+
+
+@probe(LIBRARY, CORRECT, issue=35)
+def dynamic_tree_sampling_under_top_k_1() -> Outcome:
+    """A dynamic tree at temperature 1 with top_k=1 sampling (q a point mass; 4 draws without replacement from it):
+    the target's argmax, so greedy tokens."""
+    import specdec
+
+    target, draft = models()
+    return agreement(lambda: specdec.generate(target, batch()[0], draft=specdec.DynamicTreeDrafter(draft, 8, 3, 4),
+                                              k=3, max_new_tokens=10, temperature=1.0, top_k=1).tokens, reference())
+
+
+@probe(LIBRARY, CLEAR, issue=35)
+def dynamic_tree_on_the_device_step() -> Outcome:
+    """step="device" with a dynamic tree (drafted on the host)."""
+    import specdec
+
+    drafter = specdec.DynamicTreeDrafter(models()[1], 8, 3, 2)
+    return refusal(lambda: decoded_with(drafter, step="device"), "step='device'", "dynamic_tree")
+
+
+@probe(LIBRARY, CORRECT, issue=35)
+def static_tree_over_static_caches() -> Outcome:
+    """A token tree with the target's cache preallocated (cache_layout="static")."""
+    import specdec
+
+    drafter = specdec.TreeDrafter(models()[1], (2, 1))
+    return agreement(lambda: decoded_with(drafter, cache_layout="static"), reference())
+
+
+@probe(LIBRARY, CLEAR, issue=35)
+def tree_with_compile() -> Outcome:
+    """compile=True with a token tree."""
+    import specdec
+
+    return refusal(lambda: decoded_with(specdec.TreeDrafter(models()[1], (2, 1)), compile=True), "compile=True")
+
+
+@probe(LIBRARY, CLEAR, issue=35)
+def tree_judged_by_a_plain_function() -> Outcome:
+    """A token tree with a custom callable strategy (no tree rule)."""
+    import specdec
+
+    target, draft = models()
+    rule = lambda *args: None  # noqa: E731 - a rule that is never called
+    return refusal(lambda: specdec.generate(target, batch()[0], draft=specdec.TreeDrafter(draft), strategy=rule,
+                                            temperature=1.0), "no rule for token trees")
+
+
+@probe(LIBRARY, CORRECT, issue=35)
+def early_exit_on_the_device_step() -> Outcome:
+    """EarlyExitDrafter(target, 2) on the device step."""
+    import specdec
+
+    return agreement(lambda: decoded_with(specdec.EarlyExitDrafter(models()[0], 2), step="device"), reference())
+
+
+# --- Library: what the constructors are handed ---------------------------------------------------------------------
+
+@probe(LIBRARY, CLEAR, before=SILENTLY_ACCEPTED, issue=35)
+def base_model_without_a_head_as_the_draft() -> Outcome:
+    """ModelDrafter(GPT2Model(...)): hidden states, not logits."""
+    import specdec
+    from transformers import GPT2Config, GPT2Model
+
+    base = GPT2Model(GPT2Config(vocab_size=97, n_layer=1, n_embd=32, n_head=2, bos_token_id=0, eos_token_id=0))
+    return refusal(lambda: specdec.ModelDrafter(base), "GPT2Model", "language-model head")
+
+
+@probe(LIBRARY, CLEAR, before=SILENTLY_ACCEPTED, issue=35)
+def linear_layer_as_the_draft() -> Outcome:
+    """ModelDrafter(torch.nn.Linear(2, 2))."""
+    import specdec
+
+    return refusal(lambda: specdec.ModelDrafter(torch.nn.Linear(2, 2)), "ModelDrafter's model", "Linear")
+
+
+@probe(LIBRARY, CLEAR, before=SILENTLY_ACCEPTED, issue=35)
+def draft_with_weights_on_the_meta_device() -> Outcome:
+    """TreeDrafter of a draft moved to the meta device (no weights)."""
+    import specdec
+
+    return refusal(lambda: specdec.TreeDrafter(tiny_gpt2(1, layers=1).to("meta")), "meta device")
+
+
+@probe(LIBRARY, CLEAR, issue=35)
+def policy_class_as_draft_length() -> Outcome:
+    """Decoder(..., draft_length=specdec.FixedLength) (the class)."""
+    import specdec
+
+    target, draft = models()
+    return refusal(lambda: specdec.Decoder(target, specdec.ModelDrafter(draft), draft_length=specdec.FixedLength),
+                   "draft_length", "FixedLength")
+
+
+@probe(LIBRARY, CLEAR, issue=35)
+def sampling_class_as_sampling() -> Outcome:
+    """Decoder(..., sampling=specdec.SamplingConfig) (the class)."""
+    import specdec
+
+    return refusal(lambda: specdec.Decoder(models()[0], sampling=specdec.SamplingConfig), "sampling",
+                   "SamplingConfig")
+
+
+@probe(LIBRARY, CLEAR, before=CONFUSING, issue=35)
+def drafter_class_as_the_draft() -> Outcome:
+    """generate(draft=specdec.ModelDrafter) (the class): "got type"."""
+    import specdec
+
+    return refusal(lambda: specdec.generate(models()[0], batch()[0], draft=specdec.ModelDrafter), "draft",
+                   "ModelDrafter")
+
+
+@probe(LIBRARY, CLEAR, issue=35)
+def cache_layout_in_capitals() -> Outcome:
+    """ModelDrafter(draft, cache_layout="Static")."""
+    import specdec
+
+    return refusal(lambda: specdec.ModelDrafter(models()[1], cache_layout="Static"), "'Static'", "static")
+
+
+# --- Library: the helpers -------------------------------------------------------------------------------------------
+
+@probe(LIBRARY, CLEAR, before=TRACEBACK, issue=35)
+def logits_without_a_vocabulary_axis() -> Outcome:
+    """logits_to_probs(torch.zeros(0), greedy): torch's "Expected reduction dim 0 to have non-zero size"."""
+    from specdec.sampling import SamplingConfig, logits_to_probs
+
+    return refusal(lambda: logits_to_probs(torch.zeros(0), SamplingConfig()), "logits", "(0,)")
+
+
+@probe(LIBRARY, CORRECT, issue=35)
+def integer_logits() -> Outcome:
+    """logits_to_probs of an int64 tensor, greedy."""
+    from specdec.sampling import SamplingConfig, logits_to_probs
+
+    return agreement(lambda: logits_to_probs(torch.tensor([1, 5, 2]), SamplingConfig()).tolist(), [0.0, 1.0, 0.0])
+
+
+@probe(LIBRARY, CLEAR, before=SILENTLY_ACCEPTED, issue=35)
+def predicted_speedup_of_a_bool() -> Outcome:
+    """predicted_speedup(True, 3, 0.1)."""
+    import specdec
+
+    return refusal(lambda: specdec.predicted_speedup(True, 3, 0.1), "alpha", "True")
+
+
+@probe(LIBRARY, CORRECT, issue=35)
+def predicted_speedup_of_numpy_scalars() -> Outcome:
+    """predicted_speedup(np.float32(0.5), np.int64(3), np.float64(0.1))."""
+    import specdec
+
+    return agreement(lambda: round(specdec.predicted_speedup(np.float32(0.5), np.int64(3), np.float64(0.1)), 9),
+                     round((1 + 0.5 + 0.25 + 0.125) / 1.3, 9))
+
+
+@probe(LIBRARY, CORRECT, before=TRACEBACK, issue=35)
+def left_pad_of_a_2d_numpy_array() -> Outcome:
+    """left_pad(np.array([[1, 2], [3, 4]]))."""
+    return agreement(lambda: [t.tolist() for t in left_pad(np.array([[1, 2], [3, 4]]))],
+                     [[[1, 2], [3, 4]], [[1, 1], [1, 1]]])
+
+
+@probe(LIBRARY, CORRECT, issue=35)
+def left_pad_with_pad_id_minus_one() -> Outcome:
+    """left_pad(ragged, pad_id=-1): padding outside the vocabulary is never fed."""
+    return agreement(lambda: generate(*left_pad(RAGGED, pad_id=-1)[:1], attention_mask=left_pad(RAGGED)[1]),
+                     reference(RAGGED))
+
+
+@probe(LIBRARY, CLEAR, before=TRACEBACK, issue=35)
+def left_pad_of_one_flat_prompt() -> Outcome:
+    """left_pad([5, 6, 7]) (one prompt, not a list of prompts)."""
+    return refusal(lambda: left_pad([5, 6, 7]), "prompts[0]", "5")
+
+
+# --- Library: the cross-tokenizer drafter ---------------------------------------------------------------------------
+
+@functools.cache
+def cross_material() -> dict:
+    """Two tokenizers trained in tests/test_token_bridge (byte-level BPE, SentencePiece-style), a bigram target and
+    draft telling one story in each (tests/test_cross_tokenizer), and a word-level tokenizer sharing no token with
+    them."""
+    from test_cross_tokenizer import STORY, bigram_model, encode
+    from test_token_bridge import train_byte_level, train_metaspace
+    from tokenizers import Tokenizer, models as token_models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_level, metaspace = train_byte_level(400), train_metaspace(300)
+    words = ["<unk>", "<eos>", "THE", "QUICK", "BROWN", "FOX"]
+    core = Tokenizer(token_models.WordLevel(vocab={word: i for i, word in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    upper = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", eos_token="<eos>")
+    story = encode(metaspace, STORY)
+    return {"draft_tok": byte_level, "target_tok": metaspace, "upper": upper,
+            "target": bigram_model(metaspace, story), "draft": bigram_model(byte_level, encode(byte_level, STORY)),
+            "prompts": [story[:8], story[20:31]], "bigram_model": bigram_model, "encode": encode, "story": STORY}
+
+
+def across(drafter, temperature: float = 0.0, new: int = 12, k: int = 4, seed: int = 0, **sampling) -> list[list[int]]:
+    """The bigram target's tokens on the cross-tokenizer prompts, drafted by ``drafter``."""
+    import specdec
+
+    material = cross_material()
+    decoder = specdec.Decoder(material["target"], drafter, specdec.Speculative(), specdec.FixedLength(k),
+                              specdec.SamplingConfig(temperature, **sampling))
+    return decoder.generate(*left_pad(material["prompts"]), max_new_tokens=new, seed=seed).tokens
+
+
+def across_greedy(new: int = 12) -> list[list[int]]:
+    material = cross_material()
+    return [hf_greedy(material["target"], prompt, new) for prompt in material["prompts"]]
+
+
+def cross_drafter(draft=None, draft_tok=None, **options):
+    from specdec.cross_tokenizer import CrossTokenizerDrafter
+
+    material = cross_material()
+    return CrossTokenizerDrafter(material["draft"] if draft is None else draft,
+                                 material["draft_tok"] if draft_tok is None else draft_tok, material["target_tok"],
+                                 **options)
+
+
+@probe(LIBRARY, CORRECT, before=TRACEBACK, issue=35)
+def tokenizers_sharing_no_token_sampling() -> Outcome:
+    """A draft whose word-level tokenizer spells no token as the target's does, at temperature 1: torch's argmax of
+    an empty set. It now proposes nothing, with a warning at construction: the target's own sampling."""
+    import specdec
+
+    material = cross_material()
+    ids, mask = left_pad(material["prompts"])
+    plain = specdec.generate(material["target"], ids, attention_mask=mask, max_new_tokens=12, temperature=1.0).tokens
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outcome = agreement(lambda: across(cross_drafter(tiny_gpt2(3, layers=1, vocab=len(material["upper"])),
+                                                         material["upper"]), temperature=1.0), plain)
+    if outcome.kind == CORRECT and not any("spell no token the same" in str(w.message) for w in caught):
+        return Outcome(CONFUSING, "nothing proposed, and no warning said why")
+    return outcome
+
+
+@probe(LIBRARY, CORRECT, issue=35)
+def tokenizers_sharing_no_token_greedy() -> Outcome:
+    """The same drafter at temperature 0: the text path, the target's greedy tokens."""
+    material = cross_material()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        drafter = cross_drafter(tiny_gpt2(3, layers=1, vocab=len(material["upper"])), material["upper"])
+    return agreement(lambda: across(drafter), across_greedy())
+
+
+@probe(LIBRARY, CORRECT, issue=35)
+def cross_tokenizer_sampling_under_top_p_1e_minus_9() -> Outcome:
+    """Across tokenizers at temperature 1 with top_p=1e-9 (q' a point mass): the target's greedy tokens."""
+    return agreement(lambda: across(cross_drafter(), temperature=1.0, top_p=1e-9), across_greedy())
+
+
+@probe(LIBRARY, CORRECT, before=CONFUSING, issue=35)
+def cross_tokenizer_numpy_options() -> Outcome:
+    """look_behind=np.int64(5), hold_back=np.int64(1): refused as "must be an integer >= 1, got np.int64(5)"."""
+    return agreement(lambda: across(cross_drafter(look_behind=np.int64(5), hold_back=np.int64(1))), across_greedy())
+
+
+@probe(LIBRARY, CLEAR, issue=35)
+def cross_tokenizer_translate_in_capitals() -> Outcome:
+    """translate="TEXT"."""
+    return refusal(lambda: cross_drafter(translate="TEXT"), "translate", "'TEXT'")
+
+
+@probe(LIBRARY, CLEAR, issue=35)
+def cross_tokenizer_without_hold_back() -> Outcome:
+    """hold_back=0."""
+    return refusal(lambda: cross_drafter(hold_back=0), "hold_back", "0")
+
+
+@probe(LIBRARY, CORRECT, issue=35)
+def cross_tokenizer_prompt_id_past_the_tokenizer() -> Outcome:
+    """A target with 20 padded embedding ids past its tokenizer's, and a prompt holding one of them (no text)."""
+    material = cross_material()
+    width = len(material["target_tok"]) + 20
+    padded = tiny_gpt2(0, layers=1, vocab=width)
+    prompt = material["prompts"][0] + [width - 5]
+    import specdec
+
+    drafter = cross_drafter(target_vocab_size=width)
+    return agreement(lambda: specdec.Decoder(padded, drafter).generate(torch.tensor([prompt]), max_new_tokens=8).tokens,
+                     [hf_greedy(padded, prompt, 8)])
+
+
+@probe(LIBRARY, CLEAR, issue=35)
+def cross_tokenizer_draft_in_training_mode() -> Outcome:
+    """A cross-tokenizer drafter whose draft was put in training mode after it was built."""
+    material = cross_material()
+    draft_tok = material["draft_tok"]
+    draft = material["bigram_model"](draft_tok, material["encode"](draft_tok, material["story"]))
+    drafter = cross_drafter(draft)
+    draft.train()
+    return refusal(lambda: across(drafter), "training mode")
+
+
+@probe(LIBRARY, CORRECT, before=CONFUSING, issue=35)
+def cross_tokenizer_k_40_with_a_16_position_draft() -> Outcome:
+    """k=40 and 30 new tokens with a draft of 16 positions (the target has 256): a step drafts at most 8 draft
+    tokens, and the output is the target's greedy output to the end."""
+    material = cross_material()
+    short = material["bigram_model"](material["draft_tok"], material["encode"](material["draft_tok"],
+                                                                             material["story"]), positions=16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outcome = agreement(lambda: across(cross_drafter(short), new=30, k=40), across_greedy(30))
+    warned = any("drafter's context" in str(warning.message) for warning in caught)
+    return Outcome(CONFUSING, f"cut short, with a warning: {outcome.detail}") if outcome.kind == SILENTLY_WRONG \
+        and warned else outcome
+
+
+@probe(LIBRARY, CLEAR, issue=35)
+def token_bridge_look_behind_of_zero() -> Outcome:
+    """TokenBridge(draft_tok, target_tok, look_behind=0)."""
+    from specdec.token_bridge import TokenBridge
+
+    material = cross_material()
+    return refusal(lambda: TokenBridge(material["draft_tok"], material["target_tok"], look_behind=0), "look_behind")
+
+
+# --- CLI: config groups, overrides and the run command ----------------------------------------------------------------
+
+@probe(CLI, CLEAR, before=CONFUSING, slow=True, issue=35)
+def sweep_over_an_unknown_sampling_option() -> Outcome:
+    """-m sampling=t1,t9: Hydra's "Could not find" in 11 lines, exit 1."""
+    return command_refusal(command("-m", "experiments.run", "-m", *overrides(), "sampling=t1,t9",
+                                   f"hydra.sweep.dir={scratch('sweep')}"), "sampling=t9", "t07_topp09")
+
+
+@probe(CLI, CLEAR, before=CONFUSING, slow=True, issue=35)
+def misspelt_launcher() -> Outcome:
+    """hydra/launcher=slurmm."""
+    return command_refusal(command("-m", "experiments.run", "-m", *overrides(), "hydra/launcher=slurmm",
+                                   "draft_length.k=2", f"hydra.sweep.dir={scratch('sweep')}"), "hydra/launcher=slurmm",
+                           "slurm")
+
+
+@probe(CLI, CLEAR, before=CONFUSING, slow=True, issue=35)
+def added_logger_with_a_misspelt_option() -> Outcome:
+    """+logger=wand (an added group)."""
+    return command_refusal(cli("+logger=wand", f"hydra.run.dir={scratch('run')}"), "logger=wand", "wandb")
+
+
+@probe(CLI, CLEAR, before=CONFUSING, slow=True, issue=35)
+def unknown_primary_config() -> Outcome:
+    """--config-name nosuch."""
+    return command_refusal(command("-m", "experiments.run", "--config-name", "nosuch"), "nosuch", "run")
+
+
+@probe(CLI, CLEAR, before=CONFUSING, slow=True, issue=35)
+def override_with_an_unclosed_bracket() -> Outcome:
+    """drafter=tree drafter.branching=[2,1 (no closing bracket)."""
+    return command_refusal(cli("drafter=tree", "drafter.branching=[2,1", f"hydra.run.dir={scratch('run')}"),
+                           "drafter.branching=[2,1")
+
+
+@probe(CLI, CORRECT, issue=35)
+def cross_tokenizer_text_path_from_the_cli() -> Outcome:
+    """drafter=cross_tokenizer drafter.translate=text on the tiny pair (one tokenizer, through its text)."""
+    run_dir = scratch("text_path")
+    return holds(lambda: decoded(run_dir, "drafter=cross_tokenizer", "drafter.translate=text"))
+
+
+@probe(CLI, CLEAR, issue=35)
+def cross_tokenizer_switch_as_yes() -> Outcome:
+    """pair.cross_tokenizer=yes."""
+    return refusal(lambda: validated("pair.cross_tokenizer=yes"), "pair.cross_tokenizer", "'yes'")
+
+
+@probe(CLI, CORRECT, issue=35)
+def dynamic_tree_with_typical_acceptance() -> Outcome:
+    """drafter=dynamic_tree sampling=t1 strategy=typical."""
+    run_dir = scratch("typical_tree")
+    return holds(lambda: decoded(run_dir, "drafter=dynamic_tree", "sampling=t1", "strategy=typical"))
+
+
+@probe(CLI, CLEAR, before=TRACEBACK, issue=35)
+def tree_wider_than_the_tiny_vocabulary_from_the_cli() -> Outcome:
+    """drafter=tree drafter.branching=[100] on the tiny pair (71 token ids)."""
+    return refusal(lambda: run_app(scratch("wide_tree"), "drafter=tree", "drafter.branching=[100]"), "branching",
+                   "71")
+
+
+# --- CLI: the benches and tree_search -------------------------------------------------------------------------------
+
+def tree_search_parse(argv: list[str]):
+    from experiments import tree_search
+
+    return tree_search.parse_args(argv)
+
+
+@probe(CLI, CLEAR, before=CONFUSING, issue=35)
+def tree_search_of_depth_zero() -> Outcome:
+    """tree_search --max-depth 0."""
+    return parse_refusal(tree_search_parse, ["--max-depth", "0"], "--max-depth", "'0'")
+
+
+@probe(CLI, CLEAR, before=CONFUSING, issue=35)
+def tree_search_with_an_empty_acceptance() -> Outcome:
+    """tree_search --pair gpt2-xl-shaped --acceptance ''."""
+    return parse_refusal(tree_search_parse, ["--pair", "gpt2-xl-shaped", "--acceptance", ""], "--acceptance")
+
+
+@probe(CLI, CLEAR, before=SILENTLY_ACCEPTED, issue=35)
+def tree_search_over_the_shipped_tree_option() -> Outcome:
+    """tree_search --config-name tree: it would overwrite configs/drafter/tree.yaml, the shipped option."""
+    return parse_refusal(tree_search_parse, ["--config-name", "tree"], "tree.yaml", "not written by this search")
+
+
+@probe(CLI, CORRECT, issue=35)
+def tree_search_over_its_own_earlier_option() -> Outcome:
+    """tree_search --config-name tree_searched (its own earlier output, rewritten)."""
+    return parsed(tree_search_parse, ["--config-name", "tree_searched", "--out", str(scratch("out"))],
+                  lambda args: None if args.config_name == "tree_searched" else "another name")
+
+
+def tree_bench_parse(argv: list[str]):
+    from experiments import tree_bench
+
+    return tree_bench.parse_args(argv)
+
+
+@probe(CLI, CLEAR, before=CONFUSING, issue=35)
+def tree_bench_at_nan_temperature() -> Outcome:
+    """tree_bench --temperature nan."""
+    return parse_refusal(tree_bench_parse, ["--temperature", "nan"], "--temperature", "'nan'")
+
+
+@probe(CLI, CLEAR, before=CONFUSING, issue=35)
+def tree_bench_dynamic_tree_deeper_than_its_budget() -> Outcome:
+    """tree_bench --dynamic 8-9-1."""
+    return parse_refusal(tree_bench_parse, ["--dynamic", "8-9-1"], "--dynamic", "depth=9")
+
+
+@probe(CLI, CLEAR, before=SILENTLY_ACCEPTED, issue=35)
+def tree_bench_writing_under_a_file() -> Outcome:
+    """tree_bench --out <a file>/x (its tables are written after every method was measured)."""
+    file = scratch("out") / "file"
+    file.write_text("")
+    return parse_refusal(tree_bench_parse, ["--out", str(file / "x" / "tables")], "--out", "is a file")
+
+
+def bench_parse(argv: list[str]):
+    from experiments import bench
+
+    return bench.parse_args(argv)
+
+
+@probe(CLI, CLEAR, before=CONFUSING, issue=35)
+def bench_with_an_empty_k() -> Outcome:
+    """bench --ks 1,,2."""
+    return parse_refusal(bench_parse, ["--ks", "1,,2"], "--ks", "''")
+
+
+@probe(CLI, CLEAR, before=SILENTLY_ACCEPTED, issue=35)
+def bench_output_directory_is_a_file() -> Outcome:
+    """bench --out <an existing file>."""
+    file = scratch("out") / "bench.md"
+    file.write_text("")
+    return parse_refusal(bench_parse, ["--out", str(file)], "--out", "is a file")
+
+
+@probe(CLI, CLEAR, before=SILENTLY_ACCEPTED, issue=35)
+def bench_of_an_unknown_device() -> Outcome:
+    """bench --device xla."""
+    return parse_refusal(bench_parse, ["--device", "xla"], "--device", "'xla'")
+
+
+@probe(CLI, CLEAR, before=SILENTLY_ACCEPTED, issue=35)
+def shapes_bench_plots_from_a_directory() -> Outcome:
+    """shapes_bench --plot-from <a directory>."""
+    from experiments import shapes_bench
+
+    return parse_refusal(shapes_bench.parse_args, ["--plot-from", str(scratch("plots"))], "--plot-from", "directory")
+
+
+@probe(CLI, CLEAR, before=CONFUSING, issue=35)
+def gpu_suite_of_no_sections() -> Outcome:
+    """gpu_suite --smoke --sections ''."""
+    from experiments import gpu_suite
+
+    return parse_refusal(gpu_suite.parse_args, ["--smoke", "--sections", ""], "--sections")
+
+
+@probe(CLI, CLEAR, before=SILENTLY_ACCEPTED, issue=35)
+def train_pair_holding_out_everything() -> Outcome:
+    """train_pair --heldout-frac 1 (no document left to train on)."""
+    from experiments import train_pair
+
+    return parse_refusal(train_pair.parse_args, ["--heldout-frac", "1"], "--heldout-frac", "(0, 1)")
+
+
+@probe(CLI, CLEAR, before=SILENTLY_ACCEPTED, issue=35)
+def train_pair_prompts_under_a_file() -> Outcome:
+    """train_pair --prompts-out <a file>/prompts.jsonl (written after hours of training)."""
+    from experiments import train_pair
+
+    file = scratch("prompts") / "file"
+    file.write_text("")
+    return parse_refusal(train_pair.parse_args, ["--prompts-out", str(file / "prompts.jsonl")], "--prompts-out",
+                         "is a file")
+
+
+@probe(CLI, CLEAR, before=CONFUSING, issue=35)
+def report_with_out_missing_its_value() -> Outcome:
+    """analysis.report <dir> --out (no value): argparse's usage block and its error."""
+    from analysis.report import parse_args
+
+    return parse_refusal(parse_args, [str(scratch("runs")), "--out"], "--out")
+
+
+# --- Durability: config.yaml and rows.jsonl as other tools leave them, and resume ------------------------------------
+
+def unfinished_run_in(root: Path, keep: int = 2) -> Path:
+    """A run of 4 prompts killed after ``keep`` rows, alone under ``root`` (so that resume=true searches only it)."""
+    run_dir = root / "first"
+    run_dir.mkdir()
+    run_app(run_dir)
+    lines = (run_dir / "rows.jsonl").read_text().splitlines()[:keep]
+    (run_dir / "rows.jsonl").write_text("".join(line + "\n" for line in lines))
+    (run_dir / "summary.json").unlink()
+    return run_dir
+
+
+def resumed_from_elsewhere(root: Path, run_dir: Path, *extra: str) -> str | None:
+    """resume=true from a new directory beside ``run_dir``: what is wrong (None: ``run_dir`` was continued and holds
+    every prompt once, and the new directory holds no row)."""
+    other = root / "second"
+    other.mkdir()
+    run_app(other, "resume=true", *extra)
+    if (other / "rows.jsonl").exists() and (other / "rows.jsonl").read_text():
+        return f"a new run decoded {len((other / 'rows.jsonl').read_text().splitlines())} prompts again"
+    return each_prompt_once(run_dir)
+
+
+def config_edited(name: str, edit: Callable[[str], str]) -> Outcome:
+    root = scratch(name)
+    run_dir = unfinished_run_in(root)
+    (run_dir / "config.yaml").write_bytes(edit((run_dir / "config.yaml").read_text()).encode("utf-8"))
+    return holds(lambda: resumed_from_elsewhere(root, run_dir))
+
+
+@probe(DURABILITY, CORRECT, issue=35)
+def config_with_a_byte_order_mark() -> Outcome:
+    """config.yaml saved with a UTF-8 byte order mark."""
+    return config_edited("bom", lambda text: "\ufeff" + text)
+
+
+@probe(DURABILITY, CORRECT, issue=35)
+def config_with_windows_line_endings() -> Outcome:
+    """config.yaml with CRLF line endings."""
+    return config_edited("crlf", lambda text: text.replace("\n", "\r\n"))
+
+
+@probe(DURABILITY, CORRECT, issue=35)
+def config_with_comments_added() -> Outcome:
+    """config.yaml with a comment line and end-of-line comments added by hand."""
+    return config_edited("comments", lambda text: "# rerun of Tuesday\n" + text.replace("seed: 0", "seed: 0  # why"))
+
+
+@probe(DURABILITY, CORRECT, issue=35)
+def config_with_its_sections_reordered() -> Outcome:
+    """config.yaml rewritten by another tool with its top-level settings in another order."""
+    import yaml
+
+    return config_edited("reordered", lambda text: yaml.safe_dump(dict(reversed(list(yaml.safe_load(text).items())))))
+
+
+@probe(DURABILITY, CORRECT, issue=35)
+def config_without_its_last_new_line() -> Outcome:
+    """config.yaml whole but for its final new line (an editor stripped it)."""
+    return config_edited("no_newline", lambda text: text.rstrip("\n"))
+
+
+@probe(DURABILITY, CORRECT, issue=35)
+def config_holding_a_list() -> Outcome:
+    """config.yaml replaced by a YAML list: the rows' setting columns decide."""
+    return config_edited("list", lambda text: "- not\n- a\n- mapping\n")
+
+
+@probe(DURABILITY, CORRECT, issue=35)
+def rows_with_windows_line_endings() -> Outcome:
+    """rows.jsonl with CRLF line endings, resumed in place."""
+    run_dir = partial_run("rows_crlf")
+    (run_dir / "rows.jsonl").write_bytes((run_dir / "rows.jsonl").read_bytes().replace(b"\n", b"\r\n"))
+    return resumed(run_dir)
+
+
+@probe(DURABILITY, CORRECT, issue=35)
+def rows_with_a_byte_order_mark() -> Outcome:
+    """rows.jsonl starting with a UTF-8 byte order mark: the mark is set aside, both rows kept."""
+    run_dir = partial_run("rows_bom")
+    (run_dir / "rows.jsonl").write_bytes(b"\xef\xbb\xbf" + (run_dir / "rows.jsonl").read_bytes())
+    return resumed(run_dir)
+
+
+@probe(DURABILITY, CORRECT, issue=35)
+def two_unfinished_runs_of_one_setting() -> Outcome:
+    """Two killed runs of one setting under the search root: resume=true continues the newer; the older is left."""
+    root = scratch("two_runs")
+    older = unfinished_run_in(root, keep=1)
+    older = older.rename(root / "older")
+    time.sleep(0.05)
+    newer = unfinished_run_in(root)
+
+    def check():
+        before = (older / "rows.jsonl").read_text()
+        return resumed_from_elsewhere(root, newer) or (None if (older / "rows.jsonl").read_text() == before
+                                                       else "the older run changed")
+    return holds(check)
+
+
+@probe(DURABILITY, CORRECT, issue=35)
+def resume_of_a_finished_run_by_path() -> Outcome:
+    """resume=<a finished run's directory>: nothing left to decode, its rows unchanged."""
+    root = scratch("finished_resume")
+    run_dir = root / "first"
+    run_dir.mkdir()
+    run_app(run_dir)
+    before = (run_dir / "rows.jsonl").read_text()
+
+    def check():
+        other = root / "second"
+        other.mkdir()
+        run_app(other, f"resume={run_dir}")
+        return each_prompt_once(run_dir) or (None if (run_dir / "rows.jsonl").read_text() == before else "rewritten")
+    return holds(check)
+
+
+@probe(DURABILITY, CLEAR, issue=35)
+def resume_path_of_the_rows_file() -> Outcome:
+    """resume=<run directory>/rows.jsonl (the file, not its directory)."""
+    run_dir = partial_run("resume_file")
+    return refusal(lambda: validated(f"resume={run_dir / 'rows.jsonl'}"), "resume=", "run directory")
+
+
+@probe(DURABILITY, CORRECT, issue=35)
+def lock_file_holding_garbage() -> Outcome:
+    """run.lock holding bytes that are no JSON (left by another tool)."""
+    run_dir = partial_run("lock_garbage")
+    (run_dir / "run.lock").write_bytes(b"\x00\x01not json")
+    return resumed(run_dir)
+
+
+@probe(DURABILITY, CORRECT, issue=35)
+def resume_under_another_group_name() -> Outcome:
+    """Resume in place with group=renamed (a key free to change on resume)."""
+    run_dir = partial_run("group_rename")
+    return holds(lambda: decoded(run_dir, "group=renamed"))
+
+
 # --- The table -------------------------------------------------------------------------------------------------------
 
 def run_probe(probe_: Probe) -> Outcome:
@@ -1516,28 +2292,40 @@ def run_probe(probe_: Probe) -> Outcome:
         return Outcome(TRACEBACK, f"the probe itself raised {type(error).__name__}: {first_line(str(error))}")
 
 
-def table(outcomes: dict[str, Outcome]) -> str:
-    """The Markdown table of docs/reliability.md: tries and outcomes by area (probes not run are left out)."""
+def table(outcomes: dict[str, Outcome], issue: int | None = None) -> str:
+    """The Markdown table of docs/reliability.md: tries and outcomes by area, for the probes of one pass (``issue``;
+    None: all) that ran (probes not run are left out)."""
+    probes = [probe_ for probe_ in PROBES if issue in (None, probe_.issue) and probe_.name in outcomes]
     header = ["area", "tries", *CLASSES]
     lines = [header, ["---"] * len(header)]
     for area in (*AREAS, "all"):
-        kinds = [outcome.kind for probe_ in PROBES if area in (probe_.area, "all")
+        kinds = [outcome.kind for probe_ in probes if area in (probe_.area, "all")
                  for outcome in [outcomes[probe_.name]] if outcome.kind != NOT_RUN]
         lines.append([area, len(kinds), *(sum(kind == name for kind in kinds) or "–" for name in CLASSES)])
     return "\n".join("| " + " | ".join(map(str, line)) + " |" for line in lines)
 
 
+def before_table(issue: int) -> str:
+    """The same table as the probes of one pass were registered before that pass fixed them (``before``)."""
+    return table({probe_.name: Outcome(probe_.before or probe_.expected, "") for probe_ in PROBES
+                  if probe_.issue == issue}, issue)
+
+
 def main(argv: list[str]) -> int:
     verbose = "-v" in argv
+    issues = [int(argv[argv.index("--issue") + 1])] if "--issue" in argv else list(ISSUES)
     outcomes = {}
     for probe_ in PROBES:
+        if probe_.issue not in issues:
+            continue
         start = time.perf_counter()
         outcomes[probe_.name] = outcome = run_probe(probe_)
         if verbose:
             flag = "" if outcome.kind == probe_.expected else f"  (expected {probe_.expected})"
-            print(f"{probe_.area:>14} | {outcome.kind:<17} | {time.perf_counter() - start:5.1f} s | {probe_.name}: "
-                  f"{outcome.detail[:160]}{flag}", flush=True)
-    print(table(outcomes))
+            print(f"{probe_.issue} {probe_.area:>14} | {outcome.kind:<17} | {time.perf_counter() - start:5.1f} s | "
+                  f"{probe_.name}: {outcome.detail[:160]}{flag}", flush=True)
+    for issue in issues:
+        print(f"\nIssue {issue}'s pass\n\n{table(outcomes, issue)}")
     unexpected = [name for name, outcome in outcomes.items()
                   if outcome.kind in FAILURES or outcome.kind not in (NOT_RUN, next(p.expected for p in PROBES
                                                                                       if p.name == name))]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from adversarial import (
-    AREAS, CLASSES, CLEAR, CORRECT, FAILURES, NOT_RUN, PROBES, SILENTLY_ACCEPTED, SILENTLY_WRONG, TRACEBACK, Outcome,
-    agreement, refusal, run_probe, table,
+    AREAS, CLASSES, CLEAR, CORRECT, FAILURES, ISSUES, NOT_RUN, PROBES, SILENTLY_ACCEPTED, SILENTLY_WRONG, TRACEBACK,
+    Outcome, agreement, before_table, refusal, run_probe, table,
 )
 
 
@@ -26,22 +26,38 @@ def test_probe_shows_its_expected_class(probe):
     assert outcome.kind == probe.expected, f"{probe.name}: {outcome.kind} (expected {probe.expected}): {outcome.detail}"
 
 
-def test_the_pass_tries_fifty_new_inputs_or_more_none_registered_to_fail():
-    names = [probe.name for probe in PROBES]
+@pytest.mark.parametrize("issue", ISSUES)
+def test_each_pass_tries_fifty_new_inputs_or_more_none_registered_to_fail(issue):
+    names = [probe.name for probe in PROBES if probe.issue == issue]
     assert len(names) >= 50 and len(set(names)) == len(names)
-    assert {probe.area for probe in PROBES} == set(AREAS)
+    assert len({probe.name for probe in PROBES}) == len(PROBES)
+    assert {probe.area for probe in PROBES if probe.issue == issue} == set(AREAS)
     assert not [probe.name for probe in PROBES if probe.expected in FAILURES or probe.expected not in CLASSES]
+    assert not [probe.name for probe in PROBES if probe.before is not None and probe.before not in CLASSES]
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    return {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in text.splitlines()[2:]}
 
 
 def test_the_table_counts_every_probe_once_and_leaves_out_probes_not_run():
     outcomes = {probe.name: Outcome(probe.expected, "") for probe in PROBES}
     outcomes[PROBES[0].name] = Outcome(NOT_RUN, "")
-    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
-            for line in table(outcomes).splitlines()[2:]}
+    rows = table_rows(table(outcomes))
     assert int(rows["all"][0]) == len(PROBES) - 1
     assert sum(int(rows[area][0]) for area in AREAS) == len(PROBES) - 1
     counted = [int(cell) if cell != "–" else 0 for cell in rows["all"][1:]]
     assert sum(counted) == len(PROBES) - 1
+    per_pass = [int(table_rows(table(outcomes, issue))["all"][0]) for issue in ISSUES]
+    assert sum(per_pass) == len(PROBES) - 1
+
+
+def test_the_new_pass_fixed_every_failure_it_found():
+    """Issue 35's pass: what its probes showed before its fixes included tracebacks; now none
+    (test_probe_shows_its_expected_class runs them)."""
+    assert table_rows(before_table(35))["all"][CLASSES.index(TRACEBACK) + 1] != "–"
+    assert not [probe.name for probe in PROBES if probe.issue == 35 and probe.expected in FAILURES]
 
 
 def test_the_classifier_tells_tracebacks_and_wrong_outputs_from_clear_refusals():

@@ -12,6 +12,7 @@ built here for the chi-square test, the embedded pair's, and the real GPT-2 BPE 
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -181,18 +182,50 @@ def test_a_rewrite_past_the_held_back_tokens_rebuilds_the_draft_cache(tokenizers
     assert (drafter.stats.rebuilds > 0) == rebuilds
 
 
-def test_a_draft_context_beyond_the_draft_models_positions_keeps_its_last_tokens(tokenizers):
-    """A draft with 48 positions: the decode loop bounds the target's context by them, but the draft's tokens can
-    still outgrow them; the drafter then rebuilds its cache from each row's last tokens."""
+@pytest.mark.parametrize("forward", ["auto", "transformers"])
+def test_a_draft_with_fewer_positions_keeps_its_last_tokens_and_bounds_nothing(tokenizers, forward):
+    """A draft of 16 positions drafting for a target of 256: across tokenizers the draft's context is its own
+    re-encoding of the text, cut to its last tokens where it would outgrow the draft's positions (a rebuild), so
+    prompts longer than 16 tokens decode, and the output is the target's greedy output to max_new_tokens, without
+    a warning (transformers' forward would raise an index error past 16 positions)."""
     draft_tok, target_tok = tokenizers["byte_level"], tokenizers["metaspace"]
     target = bigram_model(target_tok, encode(target_tok, STORY))
-    short_draft = bigram_model(draft_tok, encode(draft_tok, STORY), positions=48)
-    prompts = [encode(target_tok, STORY)[:n] for n in (10, 20)]
-    drafter = CrossTokenizerDrafter(short_draft, draft_tok, target_tok)
-    with pytest.warns(UserWarning, match=r"drafter's context \(48 positions\) is shorter than the target's"):
-        out = greedy_run(target, drafter, prompts, None)
+    short_draft = bigram_model(draft_tok, encode(draft_tok, STORY), positions=16)
+    prompts = [encode(target_tok, STORY)[:n] for n in (10, 20, 40)]
+    drafter = CrossTokenizerDrafter(short_draft, draft_tok, target_tok, forward=forward)
+    assert not drafter.bounds_context
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = greedy_run(target, drafter, prompts, None, k=12, forward=forward)
     assert drafter.stats.rebuilds > 0
-    assert out.tokens == [hf_greedy(target, p, min(NEW_TOKENS, 48 - len(p))) for p in prompts]
+    assert out.tokens == [hf_greedy(target, p, NEW_TOKENS) for p in prompts]
+
+
+def test_a_draft_with_fewer_positions_samples_past_them(tokenizers):
+    """At temperature 1 the same draft drafts at most half its positions a step (here k=20 asks for more) and
+    every row reaches max_new_tokens."""
+    draft_tok, target_tok = tokenizers["byte_level"], tokenizers["metaspace"]
+    target = bigram_model(target_tok, encode(target_tok, STORY))
+    short_draft = bigram_model(draft_tok, encode(draft_tok, STORY), positions=16)
+    prompts = [encode(target_tok, STORY)[:n] for n in (20, 40)]
+    decoder = specdec.Decoder(target, CrossTokenizerDrafter(short_draft, draft_tok, target_tok), specdec.Speculative(),
+                              specdec.FixedLength(20), specdec.SamplingConfig(temperature=1.0))
+    out = decoder.generate(*left_pad(prompts), max_new_tokens=NEW_TOKENS)
+    assert [len(row) for row in out.tokens] == [NEW_TOKENS] * len(prompts)
+    attempts = out.stats.totals.position_attempts  # [20]: draft positions 9..20 are never drafted
+    assert sum(attempts[:8]) > 0 and sum(attempts[8:]) == 0
+
+
+def test_a_model_drafter_with_fewer_positions_names_its_limit_as_the_drafters(target):
+    short = tiny_model_with_positions(16)
+    with pytest.raises(ValueError, match=r"beyond the drafter's context limit .* of 16 positions"):
+        specdec.generate(target, torch.tensor([list(range(1, 21))]), draft=short)
+
+
+def tiny_model_with_positions(positions: int) -> GPT2LMHeadModel:
+    torch.manual_seed(1)
+    config = GPT2Config(vocab_size=97, n_positions=positions, n_embd=32, n_layer=1, n_head=2)
+    return GPT2LMHeadModel(config).double().eval().requires_grad_(False)
 
 
 # --- The same tokenizer on both sides --------------------------------------------------------------------------
