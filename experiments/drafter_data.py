@@ -269,12 +269,12 @@ def save_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
     sync_directory(path.parent)
 
 
-def write_sequences(directory: Path, spec: DataSpec, corpus: Corpus, tokenizer, models: dict[str, nn.Module],
-                    rank: int = 0, world: int = 1, progress: Callable[[int, int], None] | None = None) -> int:
-    """Write the shards of ``spec`` this rank owns (every ``world``-th) that are not on disk yet; returns how many
-    shards the data has. ``progress(done, total)`` after each shard written."""
+def write_sequences(directory: Path, spec: DataSpec, openings: list[list[int]], tokenizer,
+                    models: dict[str, nn.Module], rank: int = 0, world: int = 1,
+                    progress: Callable[[int, int], None] | None = None) -> int:
+    """Write the shards of ``spec`` (over its ``openings``) this rank owns (every ``world``-th) that are not on disk
+    yet; returns how many shards the data has. ``progress(done, total)`` after each shard written."""
     directory.mkdir(parents=True, exist_ok=True)
-    openings = spec.openings(corpus, tokenizer)
     count = -(-len(openings) // spec.shard_size)
     if rank == 0:
         manifest = {"spec": {"kind": type(spec).__name__, **asdict(spec)}, "shards": count,
@@ -377,16 +377,17 @@ def heldout_prompts(corpus: Corpus, tokenizer, first: int, count: int, seed: int
     return texts
 
 
-def heldout_set(directory: Path, corpus: Corpus, tokenizer, target: nn.Module, first: int, count: int,
-                new_tokens: int) -> Sequences:
-    """The held-out prompts and the target's greedy continuations of them (``new_tokens`` each, EOS suppressed),
-    written once to ``directory``."""
-    path = directory / f"heldout-{first}-{count}-{new_tokens}.safetensors"
+def heldout_set(directory: Path, prompts: list[str], tokenizer, target: nn.Module, new_tokens: int) -> Sequences:
+    """The held-out ``prompts`` and the target's greedy continuations of them (``new_tokens`` each, EOS
+    suppressed), written once under ``directory`` (named by the target and the prompts)."""
+    key = json.dumps({"target": asdict(target_identity(target)), "vocabulary": len(tokenizer), "prompts": prompts,
+                      "new_tokens": new_tokens}, sort_keys=True)
+    path = directory / f"heldout-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors"
     if path.is_file():
         saved = load_file(str(path))
         return Sequences(saved["tokens"].long(), saved["counts"].bool())
     directory.mkdir(parents=True, exist_ok=True)
-    openings = [tokenizer(text)["input_ids"] for text in heldout_prompts(corpus, tokenizer, first, count)]
+    openings = [tokenizer(text)["input_ids"] for text in prompts]
     width = max(map(len, openings)) + new_tokens
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sequences = continuations(target, openings, new_tokens, 0.0, width, 0, pad_id or 0)

@@ -105,6 +105,20 @@ def broadcast_module(module: nn.Module, ranks: Ranks) -> None:
             dist.broadcast(tensor, 0)
 
 
+def check_ranks_agree(module: nn.Module, ranks: Ranks) -> None:
+    """Every rank must end with rank 0's weights (one all-reduce of each rank's difference from them)."""
+    if ranks.world == 1:
+        return
+    for name, tensor in module.state_dict().items():
+        reference = tensor.clone()
+        dist.broadcast(reference, 0)
+        difference = (tensor - reference).abs().max().double() if tensor.is_floating_point() else \
+            (tensor != reference).any().double()
+        dist.all_reduce(difference, op=dist.ReduceOp.MAX)
+        if difference > 0:
+            raise RuntimeError(f"ranks disagree on {name} after training (max difference {float(difference)})")
+
+
 def summed(value: float, ranks: Ranks) -> float:
     if ranks.world == 1:
         return value
@@ -385,13 +399,14 @@ def heldout_batches(sequences: Sequences, family: Family, target: nn.Module, dev
 @torch.no_grad()
 def evaluate(family: Family, target: nn.Module, batches: list[TrainingBatch], k: int) -> tuple[list[float], float]:
     """Per-position acceptance a_1..a_k and the simulated tau on held-out greedy data, at temperature 0."""
-    module = family.module.eval()
+    module, training = family.module, family.module.training
+    module.eval()
     found = []
     with autocast_for(target):
         for batch in batches:
             matches, counted = draft_matches(module, target, batch, k)
             found.append(matches[counted])  # [P, k]
-    module.train()
+    module.train(training)
     matches = torch.cat(found)
     return simulated_acceptance(matches, torch.ones(matches.shape[0], dtype=torch.bool))
 
@@ -499,6 +514,7 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
             barrier(ranks)
         if progress is not None:
             progress(step, sum(recent) / len(recent), best.tau)
+    check_ranks_agree(module, ranks)
     if log is not None:
         log.close()
     return Outcome(step, step >= settings.steps, seconds, best)

@@ -39,7 +39,7 @@ from experiments.drafter_training import (KINDS, Checkpoints, Ranks, Settings, T
                                           frequent_tokens, heldout_batches, print_line, start_ranks, train)
 from specdec.checkpoints import target_identity
 from specdec.distill import DIVERGENCES
-from specdec.models import DTYPES, load_pair, plan_pair
+from specdec.models import DTYPES, ModelUnavailableError, load_pair, plan_pair
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TRAIN_CONFIGS = CONFIGS / "train"
@@ -72,13 +72,22 @@ class Plan:
     note: str | None = None  # said once at the start (a resumed run)
 
 
+@dataclass
+class Texts:
+    """What the corpus gives, read before any model loads: the training openings and the held-out prompts."""
+
+    openings: list[list[int]]
+    heldout_prompts: list[str]
+
+
 @hydra.main(version_base="1.3", config_path=str(TRAIN_CONFIGS), config_name="train")
 def main(cfg: DictConfig) -> None:
     try:
         plan = check(cfg, Path(HydraConfig.get().runtime.output_dir))
+        texts = read_texts(plan)
     except ConfigError as err:
         refuse(err)
-    run(plan)
+    run(plan, texts)
 
 
 def refuse(err: ConfigError) -> None:
@@ -148,7 +157,7 @@ def check(cfg: DictConfig, run_dir: Path) -> Plan:
     pair.pop("_target_", None)
     try:
         plan_pair(**pair)
-    except (ValueError, TypeError, OSError) as err:
+    except (ValueError, TypeError, OSError, ModelUnavailableError) as err:
         raise ConfigError(f"pair: {one_line(err)}") from None
     logger = build_group(cfg, "logger")
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -217,6 +226,19 @@ def check_head(cfg: DictConfig, kind: str) -> None:
                           f"from the whole vocabulary")
 
 
+def read_texts(plan: Plan) -> Texts:
+    """The corpus, split, its training openings and held-out prompts, with the pair's tokenizer (no weights): a
+    corpus too small for the data asked is refused here."""
+    tokenizer = plan_pair(**plan.pair).tokenizer
+    try:
+        corpus = data_lib.read_corpus(plan.data.corpus, plan.data.heldout_fraction)
+        openings = plan.data.openings(corpus, tokenizer)
+        prompts = data_lib.heldout_prompts(corpus, tokenizer, plan.heldout["first"], plan.heldout["count"])
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"data: {one_line(err)}") from None
+    return Texts(openings, prompts)
+
+
 def comparable(config: dict) -> dict:
     return {key: value for key, value in config.items() if key not in RESUMABLE_CHANGES}
 
@@ -258,7 +280,7 @@ def unfinished_runs(root: Path, config: dict, exclude: Path) -> list[Path]:
 
 # The run -----------------------------------------------------------------------------------------------------------
 
-def run(plan: Plan) -> None:
+def run(plan: Plan, texts: Texts) -> None:
     """Load the pair, write (or reuse) the data, train from the last checkpoint, write the summary."""
     if plan.threads is not None:
         torch.set_num_threads(plan.threads)
@@ -278,8 +300,7 @@ def run(plan: Plan) -> None:
     target = pair.target
     say(f"target: {target_identity(target).describe()}; training drafter={plan.kind} with "
         f"loss={plan.settings.divergence} into {plan.out}")
-    corpus = data_lib.read_corpus(plan.data.corpus, plan.data.heldout_fraction)
-    directory, sequences = write_data(plan, pair, corpus, ranks, say)
+    directory, sequences = write_data(plan, pair, texts.openings, ranks, say)
     draft_ids = None
     if plan.draft_vocab is not None:
         draft_ids, coverage = frequent_tokens(sequences, plan.draft_vocab)
@@ -292,8 +313,8 @@ def run(plan: Plan) -> None:
     hidden = hidden_states(plan, family, target, directory, sequences, ranks, say)
     heldout = []
     if ranks.main:
-        heldout_sequences = data_lib.heldout_set(heldout_directory(plan, pair, corpus), corpus, pair.tokenizer,
-                                                 target, **plan.heldout)
+        heldout_sequences = data_lib.heldout_set(plan.data_dir / "heldout", texts.heldout_prompts, pair.tokenizer,
+                                                 target, plan.heldout["new_tokens"])
         heldout = heldout_batches(heldout_sequences, family, target, next(target.parameters()).device,
                                   plan.settings.eval_batch_size)
     barrier(ranks)
@@ -319,13 +340,13 @@ def run(plan: Plan) -> None:
     barrier(ranks)
 
 
-def write_data(plan: Plan, pair, corpus: data_lib.Corpus, ranks: Ranks, say) -> tuple[Path, data_lib.Sequences]:
+def write_data(plan: Plan, pair, openings: list[list[int]], ranks: Ranks, say) -> tuple[Path, data_lib.Sequences]:
     """The spec's sequences: shards on disk, this rank's missing ones written first."""
     writers = {"target": pair.target, "draft": pair.draft}
     models = {"target": pair.target} if plan.data.writer != "draft" else writers
     directory = data_lib.data_directory(plan.data_dir, plan.data, models, pair.tokenizer)
     bar = tqdm(desc="data shards", disable=not ranks.main, dynamic_ncols=True)
-    count = data_lib.write_sequences(directory, plan.data, corpus, pair.tokenizer, writers, ranks.rank, ranks.world,
+    count = data_lib.write_sequences(directory, plan.data, openings, pair.tokenizer, writers, ranks.rank, ranks.world,
                                      progress_of(bar))
     bar.close()
     barrier(ranks)
@@ -365,13 +386,6 @@ def hidden_states(plan: Plan, family, target, directory: Path, sequences: data_l
     bar.close()
     barrier(ranks)
     return Hidden(data_lib.read_hidden(cache, -(-len(sequences) // plan.data.shard_size)), choice.reason)
-
-
-def heldout_directory(plan: Plan, pair, corpus: data_lib.Corpus) -> Path:
-    """Held-out data is named by the target's weights and the held-out documents it is cut from."""
-    key = {"target": asdict(target_identity(pair.target)), "vocabulary": len(pair.tokenizer),
-           "heldout": hashlib.sha256("\0".join(corpus.heldout).encode()).hexdigest()}
-    return plan.data_dir / f"heldout-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}"
 
 
 def run_id(out: Path) -> str:
