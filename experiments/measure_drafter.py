@@ -4,13 +4,15 @@
     python -m experiments.measure_drafter --kind medusa --checkpoint embedded    # the shipped Medusa heads
     python -m experiments.measure_drafter --kind model --checkpoint DIR --temperature 1   # a distilled draft
     python -m experiments.measure_drafter --kind model                           # the pair's own draft
+    python -m experiments.measure_drafter --pair gpt2-xl-shaped --kind eagle --checkpoint untrained   # cost only
 
 Each of the first ``--prompts`` ``embedded_heldout`` prompts is decoded alone (batch 1) for ``--new-tokens`` tokens
 with EOS suppressed, at k = ``--k``: greedy (``Greedy``) at temperature 0, else speculative sampling (seed = the
 prompt's index). One JSON line: tau = emitted / target calls, per-position acceptance, acceptance rate, the cost
 ratio c (one draft forward / one target forward, timed in the same run), Leviathan's predicted speedup from the
 acceptance rate and c, and at temperature 0 the simulated tau (``specdec.distill``) on the target's greedy
-continuations of the same prompts, the figure training reports.
+continuations of the same prompts, the figure training reports. On a ``*-shaped`` pair (random weights) only the
+cost ratio means anything: ``--checkpoint untrained`` times a fresh EAGLE head of the default options there.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from experiments.drafter_training import Family, evaluate, heldout_batches, hidd
 from specdec.checkpoints import load_weights, read_drafter_config
 from specdec.eagle import SHIPPED as EAGLE_SHIPPED
 from specdec.eagle import EagleDrafter
-from specdec.heads import MedusaHeads
-from specdec.models import EMBEDDED_DIR, load_pair
+from specdec.heads import EagleHead, MedusaHeads
+from specdec.models import EMBEDDED_DIR, PRESETS, load_pair
 from specdec.prompts import load_prompts
 from specdec.stats import DecodeStats
 
@@ -43,10 +45,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", default="embedded", help="embedded, or a *-shaped pair for cost ratios")
     parser.add_argument("--kind", required=True, help="eagle, medusa or model")
     parser.add_argument("--checkpoint", default=None,
-                        help="a train_drafter drafter/ directory, or 'embedded' for the shipped heads; for --kind "
-                             "model, none measures the pair's own draft")
+                        help="a train_drafter drafter/ directory, 'embedded' for the shipped heads, or 'untrained' "
+                             "(eagle, for cost ratios); for --kind model, none measures the pair's own draft")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=4)
@@ -69,7 +72,11 @@ def check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--kind {args.kind!r} is not allowed: must be one of {', '.join(KINDS)}")
     if args.kind != "model" and args.checkpoint is None:
         raise ConfigError(f"--kind {args.kind} needs --checkpoint (a drafter directory, or embedded)")
-    if args.checkpoint not in (None, "embedded") and not (Path(args.checkpoint) / "drafter.json").is_file():
+    if args.pair not in PRESETS:
+        raise ConfigError(f"--pair {args.pair!r} is not allowed: must be one of {', '.join(PRESETS)}")
+    if args.checkpoint == "untrained" and args.kind != "eagle":
+        raise ConfigError("--checkpoint untrained is for --kind eagle (a fresh head, timed for its cost)")
+    if args.checkpoint not in (None, "embedded", "untrained") and not (Path(args.checkpoint) / "drafter.json").is_file():
         raise ConfigError(f"--checkpoint {args.checkpoint!r} is not allowed: no drafter.json there")
     for name in ("prompts", "new_tokens", "k", "threads"):
         if getattr(args, name) < 1:
@@ -86,6 +93,10 @@ def shipped(kind: str, checkpoint: str) -> Path:
 def build(args: argparse.Namespace, pair) -> tuple[object, torch.nn.Module]:
     """The drafter for the loop and the module whose simulated acceptance is measured."""
     target = pair.target
+    if args.checkpoint == "untrained":
+        torch.manual_seed(0)
+        head = EagleHead(target).eval()
+        return EagleDrafter(head, target), head
     if args.kind == "eagle":
         drafter = EagleDrafter.from_pretrained(shipped("eagle", args.checkpoint), target)
         return drafter, drafter.head
@@ -102,7 +113,7 @@ def build(args: argparse.Namespace, pair) -> tuple[object, torch.nn.Module]:
 
 def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
-    pair = load_pair("embedded", device="cpu", dtype="float32")
+    pair = load_pair(args.pair, device="cpu", dtype="float32")
     target, tokenizer = pair.target, pair.tokenizer
     try:
         drafter, module = build(args, pair)
@@ -122,13 +133,13 @@ def measure(args: argparse.Namespace) -> dict:
                         **{name: sum(getattr(run, name) for run in runs) for name in SUMMED})
     wall = time.perf_counter() - started
     totals = stats.totals
-    result = {"label": args.label or f"{args.kind}:{args.checkpoint}", "kind": args.kind,
+    result = {"label": args.label or f"{args.kind}:{args.checkpoint}", "pair": args.pair, "kind": args.kind,
               "checkpoint": args.checkpoint, "temperature": args.temperature, "k": args.k, "prompts": len(texts),
               "new_tokens": args.new_tokens, "tau": totals.mean_accepted_length, "per_position": totals.per_position,
               "acceptance_rate": totals.acceptance_rate, "cost_ratio": stats.cost_ratio,
               "predicted_speedup": specdec.predicted_speedup(totals.acceptance_rate, args.k, stats.cost_ratio),
               "seconds": round(wall, 1), "threads": args.threads}
-    if greedy:
+    if greedy and args.pair == "embedded":
         continuations = heldout_set(args.data_dir, texts, tokenizer, target, args.new_tokens)
         features = getattr(module, "feature_layers", ())
         family = Family(args.kind, module, None, hidden_layers(target, features), len(features))

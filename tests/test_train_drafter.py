@@ -426,3 +426,18 @@ def test_reduced_vocabulary_losses_are_finite_and_equal_the_full_ones_over_every
         half = eagle_loss(EagleHead(target, draft_ids=list(range(0, 50, 2))), target, batch, loss, passes=2)
         assert torch.isfinite(half), loss
         assert float(every) == pytest.approx(float(full), rel=1e-9), loss
+
+
+def test_wandb_offline_gets_the_loss_per_step_and_tau_per_evaluation(tiny_pair, tmp_path, monkeypatch):
+    from test_wandb_mirror import read_log
+
+    run_dir = tmp_path / "run"
+    train_in_process(overrides(tiny_pair, run_dir, steps=10, eval_every=5, logger="wandb"), monkeypatch)
+    [offline] = (tmp_path / "wandb").glob("offline-run-*")
+    logged = read_log(offline)
+    losses = {item["step"]: item["loss"] for item in logged.history if "loss" in item}
+    taus = {item["step"]: item["tau"] for item in logged.history if "tau" in item}
+    assert losses == {line["step"]: line["loss"] for line in loss_lines(run_dir)}
+    assert taus == {line["step"]: line["tau"] for line in eval_lines(run_dir)}
+    assert logged.summary["simulated_tau"] == json.loads((run_dir / "summary.json").read_text())["simulated_tau"]
+    assert logged.exit_code == 0
