@@ -36,6 +36,7 @@ from specdec.checkpoints import target_identity
 
 CORPUS_SOURCES = ("registry",)  # named corpora; anything else is a path to a .txt or .jsonl file
 HIDDEN_MODES = ("auto", "cache", "recompute")
+DATA_FORMAT = 2  # in data directory names: 2, continuations run through EOS (1 suppressed it)
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,9 @@ class Sequences:
 @dataclass(frozen=True)
 class TargetContinuations:
     """The target's continuations of the openings of ``num_prompts`` training documents, each cut to a random
-    length in ``prompt_tokens`` and continued for exactly ``new_tokens`` tokens (EOS suppressed, as the held-out
-    measurement runs), greedy at ``temperature`` 0, else sampled at it. Trained on the continuation."""
+    length in ``prompt_tokens`` and continued for exactly ``new_tokens`` tokens, through any EOS (the path the loop
+    follows when EOS is ignored, as the held-out measurement runs), greedy at ``temperature`` 0, else sampled at it.
+    Trained on the continuation."""
 
     corpus: str = "registry"
     num_prompts: int = 1024
@@ -219,9 +221,10 @@ def check_prompt_tokens(prompt_tokens: object) -> tuple[int, int]:
 @torch.no_grad()
 def continuations(model: nn.Module, openings: list[list[int]], new_tokens: int, temperature: float, width: int,
                   seed: int, pad_id: int, batch_size: int = 64) -> Sequences:
-    """Each opening continued by ``model`` for exactly ``new_tokens`` tokens (transformers' generate, EOS suppressed;
-    openings of one length share a batch, so nothing is padded), right-padded to ``width``; counts mark the
-    positions whose next token is a continuation token. Sampling draws from ``seed``."""
+    """Each opening continued by ``model`` for exactly ``new_tokens`` tokens (transformers' generate, not stopping at
+    EOS: an EOS the model chooses is kept and followed, as in the loop with EOS ignored; openings of one length share
+    a batch, so nothing is padded), right-padded to ``width``; counts mark the positions whose next token is a
+    continuation token. Sampling draws from ``seed``."""
     torch.manual_seed(seed)
     device = next(model.parameters()).device
     tokens = torch.full((len(openings), width), pad_id, dtype=torch.long)  # [n, W]
@@ -236,7 +239,7 @@ def continuations(model: nn.Module, openings: list[list[int]], new_tokens: int, 
             chunk = rows[first:first + batch_size]
             prompts = torch.tensor([openings[row] for row in chunk], device=device)  # [b, L]
             sequences = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-                                       min_new_tokens=new_tokens, pad_token_id=pad_id, **sampling)  # [b, L + N]
+                                       eos_token_id=None, pad_token_id=pad_id, **sampling)  # [b, L + N]
             tokens[chunk, :length + new_tokens] = sequences.cpu()
             counts[chunk, length - 1:length - 1 + new_tokens] = True
     return Sequences(tokens, counts)
@@ -247,7 +250,7 @@ def continuations(model: nn.Module, openings: list[list[int]], new_tokens: int, 
 def data_directory(root: Path, spec: DataSpec, models: dict[str, nn.Module], tokenizer) -> Path:
     """Where ``spec``'s sequences live: named by the spec and by the weights of the models that write or score
     them, so that a change of either writes new data and the same ones reuse it."""
-    key = {"spec": {"kind": type(spec).__name__, **asdict(spec)}, "vocabulary": len(tokenizer),
+    key = {"spec": {"kind": type(spec).__name__, **asdict(spec)}, "vocabulary": len(tokenizer), "format": DATA_FORMAT,
            "models": {role: asdict(target_identity(model)) for role, model in sorted(models.items())}}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return root / f"{type(spec).__name__.lower()}-{digest}"
@@ -378,10 +381,10 @@ def heldout_prompts(corpus: Corpus, tokenizer, first: int, count: int, seed: int
 
 
 def heldout_set(directory: Path, prompts: list[str], tokenizer, target: nn.Module, new_tokens: int) -> Sequences:
-    """The held-out ``prompts`` and the target's greedy continuations of them (``new_tokens`` each, EOS
-    suppressed), written once under ``directory`` (named by the target and the prompts)."""
+    """The held-out ``prompts`` and the target's greedy continuations of them (``new_tokens`` each, through EOS),
+    written once under ``directory`` (named by the target and the prompts)."""
     key = json.dumps({"target": asdict(target_identity(target)), "vocabulary": len(tokenizer), "prompts": prompts,
-                      "new_tokens": new_tokens}, sort_keys=True)
+                      "new_tokens": new_tokens, "format": DATA_FORMAT}, sort_keys=True)
     path = directory / f"heldout-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors"
     if path.is_file():
         saved = load_file(str(path))

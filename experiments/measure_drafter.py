@@ -7,7 +7,7 @@
     python -m experiments.measure_drafter --pair gpt2-xl-shaped --kind eagle --checkpoint untrained   # cost only
 
 Each of the first ``--prompts`` ``embedded_heldout`` prompts is decoded alone (batch 1) for ``--new-tokens`` tokens
-with EOS suppressed, at k = ``--k``: greedy (``Greedy``) at temperature 0, else speculative sampling (seed = the
+with EOS ignored (the loop goes on through it), at k = ``--k``: greedy (``Greedy``) at temperature 0, else speculative sampling (seed = the
 prompt's index). One JSON line: tau = emitted / target calls, per-position acceptance, acceptance rate, the cost
 ratio c (one draft forward / one target forward, timed in the same run), Leviathan's predicted speedup from the
 acceptance rate and c, and at temperature 0 the simulated tau (``specdec.distill``) on the target's greedy
