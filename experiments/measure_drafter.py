@@ -11,7 +11,8 @@ with EOS ignored (the loop goes on through it), at k = ``--k``: greedy (``Greedy
 prompt's index). One JSON line: tau = emitted / target calls, per-position acceptance, acceptance rate, the cost
 ratio c (one draft forward / one target forward, timed in the same run), Leviathan's predicted speedup from the
 acceptance rate and c, and at temperature 0 the simulated tau (``specdec.distill``) on the target's greedy
-continuations of the same prompts, the figure training reports. On a ``*-shaped`` pair (random weights) only the
+continuations of the same prompts, the figure training reports, and the walked tau (``walked_acceptance``): the same
+matches followed step by step as the loop takes them, which the loop's tau should equal. On a ``*-shaped`` pair (random weights) only the
 cost ratio means anything: ``--checkpoint untrained`` times a fresh EAGLE head of the default options there.
 """
 
@@ -24,12 +25,14 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 import specdec
 from experiments.config_checks import ConfigError
 from experiments.drafter_data import heldout_set
 from experiments.drafter_training import Family, evaluate, heldout_batches, hidden_layers
 from specdec.checkpoints import load_weights, read_drafter_config
+from specdec.distill import draft_matches, walked_acceptance
 from specdec.eagle import SHIPPED as EAGLE_SHIPPED
 from specdec.eagle import EagleDrafter
 from specdec.heads import EagleHead, MedusaHeads
@@ -143,10 +146,23 @@ def measure(args: argparse.Namespace) -> dict:
         continuations = heldout_set(args.data_dir, texts, tokenizer, target, args.new_tokens)
         features = getattr(module, "feature_layers", ())
         family = Family(args.kind, module, None, hidden_layers(target, features), len(features))
-        rates, tau = evaluate(family, target, heldout_batches(continuations, family, target, torch.device("cpu"), 16),
-                              args.k)
-        result.update(simulated_tau=tau, simulated_per_position=rates)
+        batches = heldout_batches(continuations, family, target, torch.device("cpu"), 16)
+        rates, tau = evaluate(family, target, batches, args.k)
+        walked_rates, walked_tau = walked(module.eval(), target, batches, args.k, args.kind == "model")
+        result.update(simulated_tau=tau, simulated_per_position=rates, walked_tau=walked_tau,
+                      walked_per_position=walked_rates)
     return result
+
+
+@torch.no_grad()
+def walked(module: torch.nn.Module, target: torch.nn.Module, batches: list, k: int, drafts_first: bool
+           ) -> tuple[list[float], float]:
+    """``specdec.distill.walked_acceptance`` over every held-out batch (padded to one width)."""
+    found = [(draft_matches(module, target, batch, k)[0], batch.counts) for batch in batches]
+    width = max(counts.shape[1] for _, counts in found)
+    matches = torch.cat([F.pad(m, (0, 0, 0, width - m.shape[1])) for m, _ in found])  # [B, T, k]
+    counts = torch.cat([F.pad(c, (0, width - c.shape[1])) for _, c in found])  # [B, T]
+    return walked_acceptance(matches, counts, drafts_first)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -220,3 +220,35 @@ def simulated_acceptance(matches: torch.Tensor, counted: torch.Tensor) -> tuple[
     rates = [float(hit / seen) if seen else float("nan") for hit, seen in zip(runs, reached)]
     tau = 1.0 + float(runs.sum() / matches.shape[0]) if matches.shape[0] else float("nan")
     return rates, tau
+
+
+def walked_acceptance(matches: torch.Tensor, counts: torch.Tensor, drafts_first: bool) -> tuple[list[float], float]:
+    """The loop's tau at temperature 0, walked step by step over the target's greedy continuations, where
+    ``simulated_acceptance`` averages over every prefix alike.
+
+    ``matches`` [B, T, k] from ``draft_matches``, ``counts`` [B, T] the continuation's positions. The loop emits the
+    continuation: a step from the prefix at t keeps the leading n matching drafts and emits n + 1 tokens (no more
+    than are left), so the next step starts at t + n + 1, after a rejection (where drafting is harder than on
+    average). The target's prefill is a call of its own: it verifies a first draft where ``drafts_first`` (a draft
+    model), and otherwise emits the first token alone (a head has no feature before it). Returns the per-position
+    acceptance the loop would count and tau = emitted / target calls."""
+    k = matches.shape[-1]
+    attempts, accepts = [0] * k, [0] * k
+    emitted = calls = 0
+    for row, row_counts in zip(matches.tolist(), counts.tolist()):
+        total = sum(row_counts)
+        t = row_counts.index(True) if total else 0
+        done = 0 if drafts_first else 1
+        calls += 0 if drafts_first else 1
+        while done < total:
+            drafted = min(k, total - done - 1)
+            kept = 0
+            while kept < drafted and row[t][kept]:
+                kept += 1
+            for i in range(min(kept + 1, drafted)):
+                attempts[i] += 1
+                accepts[i] += i < kept
+            done, t, calls = done + kept + 1, t + kept + 1, calls + 1
+        emitted += total
+    rates = [hit / seen if seen else float("nan") for hit, seen in zip(accepts, attempts)]
+    return rates, emitted / calls if calls else float("nan")

@@ -454,3 +454,33 @@ def test_resume_true_finds_the_newest_unfinished_run_with_the_same_config(tmp_pa
     assert app.output_directory(str(older), tmp_path / "new", config) == (older, f"resuming {older}")
     with pytest.raises(ConfigError, match="that run has another config \\(steps: 20 there, 10 here\\)"):
         app.output_directory(str(other), tmp_path / "new", config)
+
+
+def loop_tau(target, drafter, prompts: list[list[int]], new_tokens: int, k: int) -> tuple[list[float], float]:
+    decoder = specdec.Decoder(target, drafter, specdec.Greedy(), specdec.FixedLength(k))
+    runs = [decoder.generate(torch.tensor([prompt]), max_new_tokens=new_tokens).stats for prompt in prompts]
+    attempts = [sum(column) for column in zip(*(run.totals.position_attempts for run in runs))]
+    accepts = [sum(column) for column in zip(*(run.totals.position_accepts for run in runs))]
+    rates = [hit / seen if seen else math.nan for hit, seen in zip(accepts, attempts)]
+    return rates, sum(run.emitted for run in runs) / sum(run.target_calls for run in runs)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "model"])
+def test_the_walked_simulation_is_the_loops_tau_and_a_i(kind, tiny_pair, eagle_run, tmp_path, monkeypatch):
+    """simulated_acceptance averages over every prefix; walked_acceptance follows the loop's steps (a draftless
+    prefill for a head, steps starting after rejections) and must give the loop's figures exactly."""
+    from experiments.measure_drafter import walked
+
+    pair = load_pair(None, draft=tiny_pair["draft"], target=tiny_pair["target"], device="cpu", dtype="float32")
+    if kind == "eagle":
+        drafter = EagleDrafter.from_pretrained(eagle_run / "drafter", pair.target)
+        module, features = drafter.head, drafter.head.feature_layers
+    else:
+        drafter, module, features = specdec.ModelDrafter(pair.draft), pair.draft, ()
+    sequences = heldout_of(tiny_pair, pair.target, pair.tokenizer)
+    family = Family(kind, module, None, hidden_layers(pair.target, features), len(features))
+    batches = heldout_batches(sequences, family, pair.target, torch.device("cpu"), 16)
+    rates, tau = walked(module, pair.target, batches, 4, drafts_first=kind == "model")
+    loop_rates, loop = loop_tau(pair.target, drafter, greedy_prompts(sequences), 16, 4)
+    assert tau == pytest.approx(loop, abs=1e-12)
+    assert rates == pytest.approx(loop_rates, abs=1e-12, nan_ok=True)
