@@ -8,10 +8,10 @@ once as shards, and the target's hidden states over it, cached on disk or comput
   ``TargetContinuations`` (the target's greedy or sampled continuations of document openings),
   ``DraftSamples`` (the draft's samples of the same openings, scored by the target: DistillSpec's on-policy data)
   and ``FixedText`` (windows of the documents themselves).
-- ``write_sequences`` writes a spec's sequences as numbered shards under a directory named by a hash of the spec and
-  of the models' weights: a shard is written beside and renamed, so a kill loses at most the shard being written,
-  and a later run (or a rerun after a kill) writes only the shards missing. Ranks of a data-parallel run write every
-  world-th shard.
+- ``write_sequences`` writes a spec's sequences as numbered shards under a directory named by a hash of the spec
+  (but its size) and of the models' weights: a shard is written beside and renamed, so a kill loses at most the
+  shard being written, and a later run (or a rerun after a kill, or a larger run) writes only the shards missing.
+  Ranks of a data-parallel run write every world-th shard.
 - ``write_hidden`` caches the target's hidden states at the layers a drafter reads (fp16 by default) the same way;
   ``choose_hidden`` says whether caching is cheaper than recomputing them per batch, and why.
 - ``heldout_set``: held-out prompts (cut from held-out documents as the embedded pair's prompt set was) and the
@@ -37,6 +37,7 @@ from specdec.checkpoints import target_identity
 CORPUS_SOURCES = ("registry",)  # named corpora; anything else is a path to a .txt or .jsonl file
 HIDDEN_MODES = ("auto", "cache", "recompute")
 DATA_FORMAT = 2  # in data directory names: 2, continuations run through EOS (1 suppressed it)
+SIZE_FIELDS = ("num_prompts", "num_sequences")  # not in data directory names: a larger run extends a smaller one
 
 
 @dataclass(frozen=True)
@@ -248,20 +249,29 @@ def continuations(model: nn.Module, openings: list[list[int]], new_tokens: int, 
 # Shards on disk ----------------------------------------------------------------------------------------------------
 
 def data_directory(root: Path, spec: DataSpec, models: dict[str, nn.Module], tokenizer) -> Path:
-    """Where ``spec``'s sequences live: named by the spec and by the weights of the models that write or score
-    them, so that a change of either writes new data and the same ones reuse it."""
-    key = {"spec": {"kind": type(spec).__name__, **asdict(spec)}, "vocabulary": len(tokenizer), "format": DATA_FORMAT,
+    """Where ``spec``'s sequences live: named by the spec (but its size) and by the weights of the models that write
+    or score them, so that a change of either writes new data and the same ones reuse it. The size is left out:
+    openings are drawn in order, so a larger run's first shards are a smaller run's (``missing_shards``)."""
+    fields = {name: value for name, value in asdict(spec).items() if name not in SIZE_FIELDS}
+    key = {"spec": {"kind": type(spec).__name__, **fields}, "vocabulary": len(tokenizer), "format": DATA_FORMAT,
            "models": {role: asdict(target_identity(model)) for role, model in sorted(models.items())}}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return root / f"{type(spec).__name__.lower()}-{digest}"
 
 
-def shard_name(index: int) -> str:
-    return f"shard-{index:05d}.safetensors"
+def shard_names(rows: int, shard_size: int) -> list[str]:
+    """The files of ``rows`` rows in shards of ``shard_size``: a full shard is named by its index alone (any run
+    whose data covers it shares it); a last, shorter one also by its row count (it belongs to runs of this size)."""
+    names = []
+    for index in range(-(-rows // shard_size)):
+        held = min(shard_size, rows - index * shard_size)
+        names.append(f"shard-{index:05d}.safetensors" if held == shard_size else
+                     f"shard-{index:05d}-{held}.safetensors")
+    return names
 
 
-def missing_shards(directory: Path, count: int) -> list[int]:
-    return [index for index in range(count) if not (directory / shard_name(index)).is_file()]
+def missing_shards(directory: Path, rows: int, shard_size: int) -> list[int]:
+    return [index for index, name in enumerate(shard_names(rows, shard_size)) if not (directory / name).is_file()]
 
 
 def save_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
@@ -274,29 +284,28 @@ def save_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 def write_sequences(directory: Path, spec: DataSpec, openings: list[list[int]], tokenizer,
                     models: dict[str, nn.Module], rank: int = 0, world: int = 1,
-                    progress: Callable[[int, int], None] | None = None) -> int:
+                    progress: Callable[[int, int], None] | None = None) -> None:
     """Write the shards of ``spec`` (over its ``openings``) this rank owns (every ``world``-th) that are not on disk
-    yet; returns how many shards the data has. ``progress(done, total)`` after each shard written."""
+    yet. ``progress(done, total)`` after each shard written."""
     directory.mkdir(parents=True, exist_ok=True)
-    count = -(-len(openings) // spec.shard_size)
     if rank == 0:
-        manifest = {"spec": {"kind": type(spec).__name__, **asdict(spec)}, "shards": count,
-                    "sequences": len(openings), "width": spec.width}
+        fields = {name: value for name, value in asdict(spec).items() if name not in SIZE_FIELDS}
+        manifest = {"spec": {"kind": type(spec).__name__, **fields}, "width": spec.width, "format": DATA_FORMAT}
         (directory / "data.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    missing = [index for index in missing_shards(directory, count) if index % world == rank]
+    names = shard_names(len(openings), spec.shard_size)
+    missing = [index for index in missing_shards(directory, len(openings), spec.shard_size) if index % world == rank]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     for done, index in enumerate(missing, 1):
         first = index * spec.shard_size
         shard = spec.write_shard(models, openings[first:first + spec.shard_size], spec.seed * 1_000_003 + index,
                                  pad_id or 0)
-        save_atomic({"tokens": shard.tokens.int(), "counts": shard.counts.to(torch.uint8)}, directory / shard_name(index))
+        save_atomic({"tokens": shard.tokens.int(), "counts": shard.counts.to(torch.uint8)}, directory / names[index])
         if progress is not None:
             progress(done, len(missing))
-    return count
 
 
-def read_sequences(directory: Path, count: int) -> Sequences:
-    shards = [load_file(str(directory / shard_name(index))) for index in range(count)]
+def read_sequences(directory: Path, rows: int, shard_size: int) -> Sequences:
+    shards = [load_file(str(directory / name)) for name in shard_names(rows, shard_size)]
     return Sequences(torch.cat([shard["tokens"] for shard in shards]).long(),
                      torch.cat([shard["counts"] for shard in shards]).bool())
 
@@ -348,21 +357,20 @@ def write_hidden(directory: Path, sequences: Sequences, shard_size: int, target:
     """Cache the target's hidden states at ``layers`` over ``sequences``, one file per sequence shard (this rank's
     missing ones), in ``dtype``."""
     directory.mkdir(parents=True, exist_ok=True)
-    count = -(-len(sequences) // shard_size)
     device = next(target.parameters()).device
-    missing = [index for index in missing_shards(directory, count) if index % world == rank]
+    missing = [index for index in missing_shards(directory, len(sequences), shard_size) if index % world == rank]
     for done, index in enumerate(missing, 1):
         rows = range(index * shard_size, min((index + 1) * shard_size, len(sequences)))
         parts = [target_hidden(target, sequences.tokens[first:first + batch_size].to(device), layers).to(dtype).cpu()
                  for first in range(rows.start, rows.stop, batch_size)]
-        save_atomic({"hidden": torch.cat(parts)}, directory / shard_name(index))
+        save_atomic({"hidden": torch.cat(parts)}, directory / shard_names(len(sequences), shard_size)[index])
         if progress is not None:
             progress(done, len(missing))
 
 
-def read_hidden(directory: Path, count: int) -> torch.Tensor:
-    """[N, W, H, D] every cached shard, in memory."""
-    return torch.cat([load_file(str(directory / shard_name(index)))["hidden"] for index in range(count)])
+def read_hidden(directory: Path, rows: int, shard_size: int) -> torch.Tensor:
+    """[N, W, H, D] the cached states of the ``rows`` sequences, in memory."""
+    return torch.cat([load_file(str(directory / name))["hidden"] for name in shard_names(rows, shard_size)])
 
 
 # Held-out data -----------------------------------------------------------------------------------------------------

@@ -346,12 +346,12 @@ def write_data(plan: Plan, pair, openings: list[list[int]], ranks: Ranks, say) -
     models = {"target": pair.target} if plan.data.writer != "draft" else writers
     directory = data_lib.data_directory(plan.data_dir, plan.data, models, pair.tokenizer)
     bar = tqdm(desc="data shards", disable=not ranks.main, dynamic_ncols=True)
-    count = data_lib.write_sequences(directory, plan.data, openings, pair.tokenizer, writers, ranks.rank, ranks.world,
-                                     progress_of(bar))
+    data_lib.write_sequences(directory, plan.data, openings, pair.tokenizer, writers, ranks.rank, ranks.world,
+                             progress_of(bar))
     bar.close()
     barrier(ranks)
-    say(f"data: {directory} ({count} shards)")
-    return directory, data_lib.read_sequences(directory, count)
+    say(f"data: {directory} ({len(openings)} sequences)")
+    return directory, data_lib.read_sequences(directory, len(openings), plan.data.shard_size)
 
 
 def progress_of(bar: tqdm):
@@ -385,7 +385,7 @@ def hidden_states(plan: Plan, family, target, directory: Path, sequences: data_l
                           ranks.rank, ranks.world, progress=progress_of(bar))
     bar.close()
     barrier(ranks)
-    return Hidden(data_lib.read_hidden(cache, -(-len(sequences) // plan.data.shard_size)), choice.reason)
+    return Hidden(data_lib.read_hidden(cache, len(sequences), plan.data.shard_size), choice.reason)
 
 
 def run_id(out: Path) -> str:

@@ -364,20 +364,27 @@ def test_shards_are_written_once_and_a_lost_one_alone_is_rewritten(tiny_pair, tm
     corpus = data_lib.read_corpus(spec.corpus, spec.heldout_fraction)
     directory = data_lib.data_directory(tmp_path, spec, {"target": target}, tokenizer)
     written = []
-    openings = spec.openings(corpus, tokenizer)
-    count = data_lib.write_sequences(directory, spec, openings, tokenizer, {"target": target},
-                                     progress=lambda done, total: written.append(done))
-    first = data_lib.read_sequences(directory, count)
-    assert count == 3 and len(written) == 3 and len(first) == 20
-    (directory / data_lib.shard_name(1)).unlink()
-    (directory / (data_lib.shard_name(2) + ".partial")).write_bytes(b"cut by a kill")
-    written.clear()
-    data_lib.write_sequences(directory, spec, openings, tokenizer, {"target": target},
-                             progress=lambda done, total: written.append(done))
+
+    def write(spec: data_lib.TargetContinuations) -> data_lib.Sequences:
+        written.clear()
+        data_lib.write_sequences(directory, spec, spec.openings(corpus, tokenizer), tokenizer, {"target": target},
+                                 progress=lambda done, total: written.append(done))
+        return data_lib.read_sequences(directory, spec.num_prompts, spec.shard_size)
+
+    first = write(spec)
+    assert len(written) == 3 and len(first) == 20 and first.counts.sum(1).tolist() == [6] * 20
+    names = data_lib.shard_names(20, 8)
+    (directory / names[1]).unlink()
+    (directory / (names[2] + ".partial")).write_bytes(b"cut by a kill")
+    again = write(spec)
     assert written == [1]
-    again = data_lib.read_sequences(directory, count)
     assert torch.equal(again.tokens, first.tokens) and torch.equal(again.counts, first.counts)
-    assert first.counts.sum(1).tolist() == [6] * 20
+    # A larger run of the same spec shares the full shards and writes the rest; the smaller run's data stays.
+    larger = data_lib.TargetContinuations(**{**spec.__dict__, "num_prompts": 30})
+    assert data_lib.data_directory(tmp_path, larger, {"target": target}, tokenizer) == directory
+    bigger = write(larger)
+    assert written == [1, 2] and torch.equal(bigger.tokens[:16], first.tokens[:16])
+    assert torch.equal(write(spec).tokens, first.tokens) and written == []
     other = data_lib.TargetContinuations(**{**spec.__dict__, "seed": 1})
     assert data_lib.data_directory(tmp_path, other, {"target": target}, tokenizer) != directory
 
