@@ -55,8 +55,9 @@ def save_drafter(directory: str | Path, kind: str, module: nn.Module, options: d
     per file (written beside, then renamed: a kill never leaves half a file)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    # Cloned: tied tensors (a one-block body's tied embedding and head) are saved once each, as safetensors asks.
     tensors = {name: (tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor)
-               .detach().contiguous().cpu() for name, tensor in module.state_dict().items()}
+               .detach().cpu().clone() for name, tensor in module.state_dict().items()}
     partial = directory / (WEIGHTS_FILE + ".partial")
     save_file(tensors, str(partial))
     partial.replace(directory / WEIGHTS_FILE)

@@ -9,9 +9,15 @@ target scored (``TrainingBatch``: tokens, the target's hidden states, which posi
 - ``eagle_loss``: EAGLE's feature regression (smooth L1 to the target's next feature, where the head predicts the
   target's last layer) plus the divergence of its logits, over ``passes`` unrolled draft steps: pass j feeds the
   features pass j - 1 predicted, attending the real prefix and the earlier passes' slots as drafting does (EAGLE-3's
-  training-time test);
+  training-time test). A head with a reduced draft vocabulary is compared with p restricted to that vocabulary and
+  renormalised, at the positions whose target choice lies inside it (EAGLE-3's rule: q is 0 outside, so every
+  divergence but tv would be infinite there);
 - ``medusa_loss``: head i against p at i + 1 positions ahead;
 - ``draft_loss``: a draft model's divergence at every position.
+
+Each loss averages over the positions that count with ``mean(values, mask)`` (default ``masked_mean``, this batch's
+mean); data-parallel training passes a mean over the whole global batch instead, so that gradients summed over
+ranks equal one process's on that batch.
 
 Simulated acceptance (``simulated_acceptance``): at temperature 0, draft step i from a prefix is accepted when it
 equals the target's argmax, given steps 1..i-1 were; over every prefix of held-out greedy continuations this gives
@@ -21,6 +27,7 @@ length), which the loop's measured tau should approach.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +37,7 @@ from torch import nn
 from specdec.heads import EagleHead, MedusaHeads, medusa_logits, target_head_weight
 
 DIVERGENCES = ("kl", "rkl", "jsd", "tv", "ce")
+Mean = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (values [...], mask [...]) -> the mean that counts
 
 
 @dataclass
@@ -72,12 +80,13 @@ def target_logits(target: nn.Module, last: torch.Tensor) -> torch.Tensor:
     return F.linear(last, target_head_weight(target).detach())
 
 
-def eagle_passes(head: EagleHead, target: nn.Module, batch: TrainingBatch, passes: int
+def eagle_passes(head: EagleHead, target: nn.Module, batch: TrainingBatch, passes: int, reduced: bool = False
                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The head's first ``passes`` draft steps from every prefix at once: per pass j, [B, T, V] logits and
     [B, T, D] predicted features, position t predicting token t + 2. Pass 0 reads the target's features; pass j
     reads pass j - 1's prediction at t - 1 and attends the real prefix up to t - j and pass i's slot at t - j + i,
-    as the head does while drafting. Differentiable."""
+    as the head does while drafting. Differentiable. ``reduced``: a reduced head's logits over its own draft
+    vocabulary only, [B, T, V_d] in ``head.draft_ids`` order (for its loss; drafting sees -inf elsewhere)."""
     forward = head.lean(target)
     batch_size, length = batch.tokens.shape
     device = batch.tokens.device
@@ -96,7 +105,8 @@ def eagle_passes(head: EagleHead, target: nn.Module, batch: TrainingBatch, passe
         key_buffer, value_buffer = key_buffer.clone(), value_buffer.clone()
         hidden = forward.block(0, hidden, rotary, write, mask, key_buffer, value_buffer)
         predicted = forward.final_norm(hidden)  # [B, T, D]
-        outputs.append((forward.lm_head(predicted), predicted))
+        logits = F.linear(predicted, forward.draft_weight) if reduced else forward.lm_head(predicted)
+        outputs.append((logits, predicted))
         features = torch.cat([torch.zeros_like(predicted[:, :1]), predicted[:, :-1]], 1)  # pass j's at t - 1
     return outputs
 
@@ -113,40 +123,54 @@ def pass_mask(j: int, length: int, device: torch.device) -> torch.Tensor:
 
 
 def eagle_loss(head: EagleHead, target: nn.Module, batch: TrainingBatch, loss: str = "kl", passes: int = 1,
-               feature_weight: float = 1.0, token_weight: float = 0.1, pass_decay: float = 0.8) -> torch.Tensor:
+               feature_weight: float = 1.0, token_weight: float = 0.1, pass_decay: float = 0.8,
+               mean: Mean | None = None) -> torch.Tensor:
     """EAGLE's loss over ``passes`` unrolled steps (pass j weighted ``pass_decay``^j): smooth L1 from the
     predicted feature to the target's next last-layer feature (where the head reads the last layer alone) plus
-    ``token_weight`` times the divergence from p at the position predicted."""
+    ``token_weight`` times the divergence from p at the position predicted (with a reduced draft vocabulary: from
+    p over that vocabulary, renormalised, where the target's choice lies inside it)."""
+    mean = mean or masked_mean
     total = 0.0
     regress = feature_weight and tuple(head.feature_layers) == (-1,)
     p = target_logits(target, batch.last)  # [B, T, V] p at each position
-    for j, (logits, predicted) in enumerate(eagle_passes(head, target, batch, passes)):
-        counts = shifted_counts(batch.counts, 1, j)  # [B, T] position t predicts token t + 2
-        tokens = torch.roll(batch.tokens, -2, 1)
+    tokens = torch.roll(batch.tokens, -2, 1)  # [B, T] the token position t predicts
+    inside = torch.ones_like(batch.counts)  # [B, T] where the target's choice is one the head can draft
+    if head.reduced:
+        choice = tokens if loss == "ce" else p.roll(-1, 1).argmax(-1)  # [B, T]
+        index = torch.full((p.shape[-1],), -1, dtype=torch.long, device=p.device)
+        index[head.draft_ids] = torch.arange(head.draft_ids.numel(), device=p.device)  # token id -> draft index
+        inside, tokens = index[choice] >= 0, index[tokens].clamp_min(0)
+        p = p.index_select(-1, head.draft_ids)  # [B, T, V_d]
+    for j, (logits, predicted) in enumerate(eagle_passes(head, target, batch, passes, reduced=head.reduced)):
+        counts = shifted_counts(batch.counts, 1, j) & inside  # [B, T] position t predicts token t + 2
         term = token_weight * divergence(loss, logits, p.roll(-1, 1), tokens)
         if regress:
             term = term + feature_weight * F.smooth_l1_loss(predicted, batch.last.roll(-1, 1), reduction="none").mean(-1)
-        total = total + pass_decay**j * masked_mean(term, counts)
+        total = total + pass_decay**j * mean(term, counts)
     return total
 
 
-def medusa_loss(heads: MedusaHeads, target: nn.Module, batch: TrainingBatch, loss: str = "kl") -> torch.Tensor:
+def medusa_loss(heads: MedusaHeads, target: nn.Module, batch: TrainingBatch, loss: str = "kl",
+                mean: Mean | None = None) -> torch.Tensor:
     """Head i at position t against p at t + i + 1 (it predicts token t + i + 2); heads weighted alike."""
+    mean = mean or masked_mean
     logits = medusa_logits(heads, target, batch.last)  # [B, T, K, V]
     p = target_logits(target, batch.last)  # [B, T, V]
     total = 0.0
     for i in range(heads.num_heads):
         tokens = torch.roll(batch.tokens, -(i + 2), 1)
         term = divergence(loss, logits[:, :, i], p.roll(-(i + 1), 1), tokens)
-        total = total + masked_mean(term, shifted_counts(batch.counts, i + 1, 0))
+        total = total + mean(term, shifted_counts(batch.counts, i + 1, 0))
     return total / heads.num_heads
 
 
-def draft_loss(draft: nn.Module, target: nn.Module, batch: TrainingBatch, loss: str = "kl") -> torch.Tensor:
+def draft_loss(draft: nn.Module, target: nn.Module, batch: TrainingBatch, loss: str = "kl",
+               mean: Mean | None = None) -> torch.Tensor:
     """A draft model's divergence from p at every counted position (it predicts token t + 1 from position t)."""
+    mean = mean or masked_mean
     logits = draft(batch.tokens).logits  # [B, T, V]
     term = divergence(loss, logits, target_logits(target, batch.last), torch.roll(batch.tokens, -1, 1))
-    return masked_mean(term, batch.counts)
+    return mean(term, batch.counts)
 
 
 def shifted_counts(counts: torch.Tensor, ahead: int, prefix: int) -> torch.Tensor:
@@ -196,3 +220,35 @@ def simulated_acceptance(matches: torch.Tensor, counted: torch.Tensor) -> tuple[
     rates = [float(hit / seen) if seen else float("nan") for hit, seen in zip(runs, reached)]
     tau = 1.0 + float(runs.sum() / matches.shape[0]) if matches.shape[0] else float("nan")
     return rates, tau
+
+
+def walked_acceptance(matches: torch.Tensor, counts: torch.Tensor, drafts_first: bool) -> tuple[list[float], float]:
+    """The loop's tau at temperature 0, walked step by step over the target's greedy continuations, where
+    ``simulated_acceptance`` averages over every prefix alike.
+
+    ``matches`` [B, T, k] from ``draft_matches``, ``counts`` [B, T] the continuation's positions. The loop emits the
+    continuation: a step from the prefix at t keeps the leading n matching drafts and emits n + 1 tokens (no more
+    than are left), so the next step starts at t + n + 1, after a rejection (where drafting is harder than on
+    average). The target's prefill is a call of its own: it verifies a first draft where ``drafts_first`` (a draft
+    model), and otherwise emits the first token alone (a head has no feature before it). Returns the per-position
+    acceptance the loop would count and tau = emitted / target calls."""
+    k = matches.shape[-1]
+    attempts, accepts = [0] * k, [0] * k
+    emitted = calls = 0
+    for row, row_counts in zip(matches.tolist(), counts.tolist()):
+        total = sum(row_counts)
+        t = row_counts.index(True) if total else 0
+        done = 0 if drafts_first else 1
+        calls += 0 if drafts_first else 1
+        while done < total:
+            drafted = min(k, total - done - 1)
+            kept = 0
+            while kept < drafted and row[t][kept]:
+                kept += 1
+            for i in range(min(kept + 1, drafted)):
+                attempts[i] += 1
+                accepts[i] += i < kept
+            done, t, calls = done + kept + 1, t + kept + 1, calls + 1
+        emitted += total
+    rates = [hit / seen if seen else float("nan") for hit, seen in zip(accepts, attempts)]
+    return rates, emitted / calls if calls else float("nan")

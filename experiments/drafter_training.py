@@ -1,0 +1,535 @@
+"""Training a drafter against its target: the three families, the loop, checkpoints that survive kill -9, and data
+parallelism over ranks (torchrun).
+
+- ``Family``: what is trained (an EAGLE head, Medusa heads, or the pair's draft model, always in fp32), its loss
+  (a ``specdec.distill`` function) and the target's hidden states its batches carry; ``Family.save`` writes the
+  checkpoint directory the library loads (``specdec.checkpoints``).
+- ``train`` runs the loop: a batch order fixed by the seed and the step alone (so a resumed run draws the batches
+  an uninterrupted one would), AdamW with warm-up and cosine decay, the simulated acceptance length on held-out
+  data every ``eval_every`` steps (the best one kept in ``drafter/``), a checkpoint of everything the next step
+  needs (weights, optimizer, RNG, the best weights) every ``checkpoint_every`` steps, written beside and renamed.
+- Data parallelism: each rank takes its slice of the global batch; every loss is a mean over the global batch's
+  counted positions (``global_mean``), so gradients summed over ranks (one all-reduce of one flat buffer) are one
+  process's gradients on that batch. The heads run through their lean forward rather than ``module.forward``, which
+  is why the gradients are reduced explicitly rather than by ``DistributedDataParallel``'s forward hooks.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from experiments.drafter_data import Sequences
+from experiments.loggers import NullLogger, WandbLogger
+from experiments.rundir import sync_directory, write_atomic
+from specdec.checkpoints import save_draft_model, save_drafter
+from specdec.distill import TrainingBatch, draft_matches, masked_mean, simulated_acceptance
+from specdec.heads import EagleHead, MedusaHeads
+
+KINDS = ("eagle", "medusa", "model")
+STATE = re.compile(r"state-(\d{9})\.pt")
+
+
+# Ranks -------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in a data-parallel run (torchrun's environment), or a single process."""
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def start_ranks(device: torch.device) -> Ranks:
+    """Join torchrun's process group (gloo on CPU, nccl on CUDA) when it started several processes."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Ranks()
+    if not dist.is_initialized():
+        from datetime import timedelta
+
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(hours=4))
+    return Ranks(dist.get_rank(), dist.get_world_size())
+
+
+def barrier(ranks: Ranks) -> None:
+    if ranks.world > 1:
+        dist.barrier()
+
+
+def global_mean(ranks: Ranks) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """This rank's share of the mean over every rank's counted positions: ``sum(values * mask) / N_global``, so
+    that the shares (and their gradients) summed over ranks are the global batch's mean."""
+    if ranks.world == 1:
+        return masked_mean
+
+    def mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        count = mask.sum().to(torch.float64)
+        dist.all_reduce(count)
+        return (values * mask).sum() / count.clamp_min(1).to(values.dtype)
+    return mean
+
+
+def reduce_gradients(parameters: list[nn.Parameter], ranks: Ranks) -> None:
+    """Sum the gradients over ranks, as one flat buffer."""
+    if ranks.world == 1:
+        return
+    grads = [parameter.grad for parameter in parameters]
+    flat = torch.cat([grad.reshape(-1) for grad in grads])
+    dist.all_reduce(flat)
+    for grad, part in zip(grads, flat.split([grad.numel() for grad in grads])):
+        grad.copy_(part.view_as(grad))
+
+
+def broadcast_module(module: nn.Module, ranks: Ranks) -> None:
+    if ranks.world > 1:
+        for tensor in module.state_dict().values():
+            dist.broadcast(tensor, 0)
+
+
+def check_ranks_agree(module: nn.Module, ranks: Ranks) -> None:
+    """Every rank must end with rank 0's weights (one all-reduce of each rank's difference from them)."""
+    if ranks.world == 1:
+        return
+    for name, tensor in module.state_dict().items():
+        reference = tensor.clone()
+        dist.broadcast(reference, 0)
+        difference = (tensor - reference).abs().max().double() if tensor.is_floating_point() else \
+            (tensor != reference).any().double()
+        dist.all_reduce(difference, op=dist.ReduceOp.MAX)
+        if difference > 0:
+            raise RuntimeError(f"ranks disagree on {name} after training (max difference {float(difference)})")
+
+
+def summed(value: float, ranks: Ranks) -> float:
+    if ranks.world == 1:
+        return value
+    total = torch.tensor(value, dtype=torch.float64)
+    dist.all_reduce(total)
+    return float(total)
+
+
+def agreed(flag: bool, ranks: Ranks) -> bool:
+    """Rank 0's ``flag``, on every rank (a time budget ends every rank at the same step)."""
+    if ranks.world == 1:
+        return flag
+    value = torch.tensor(int(flag))
+    dist.broadcast(value, 0)
+    return bool(value)
+
+
+# Loggers -----------------------------------------------------------------------------------------------------------
+
+class NullTrainingLogger(NullLogger):
+    """Logs nothing (logger=none): the run directory holds everything."""
+
+    def log_step(self, data: dict, step: int) -> None:
+        """log.jsonl already has it."""
+
+
+class WandbTrainingLogger(WandbLogger):
+    """W&B for training (logger=wandb; offline unless told): one W&B step per optimizer step, the summary at the
+    end. Any wandb failure warns once and logging stops; training goes on."""
+
+    def start(self, run_id: str, group: str, name: str, config: dict, run_dir: Path) -> None:
+        super().start(run_id, group, name, config, run_dir)
+        if self.run is not None:
+            self.guard("init", lambda: self.run.define_metric("*", step_metric="step"))
+
+    def log_step(self, data: dict, step: int) -> None:
+        if self.run is not None:
+            self.guard("log", lambda: self.run.log({**data, "step": step}))
+
+
+# Families ----------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Family:
+    """One drafter being trained: ``module`` (fp32), ``objective(module, target, batch, loss=, mean=)`` and the
+    target's hidden states its batches carry: ``layers`` (transformers' numbering), the first ``features`` of them
+    the head's input and the last one, always, the LM head's input."""
+
+    kind: str
+    module: nn.Module
+    objective: Callable[..., torch.Tensor]
+    layers: tuple[int, ...]
+    features: int = 0
+
+    def loss(self, target: nn.Module, batch: TrainingBatch, divergence: str, mean) -> torch.Tensor:
+        return self.objective(self.module, target, batch, loss=divergence, mean=mean)
+
+    def options(self) -> dict:
+        return getattr(self.module, "options", {})
+
+    def save(self, directory: Path, target: nn.Module, training: dict, dtype: torch.dtype) -> Path:
+        """The checkpoint the library loads: ``EagleDrafter.from_pretrained``, ``MedusaDrafter.from_pretrained``,
+        ``ModelDrafter.from_pair(pair, checkpoint=...)``."""
+        if self.kind == "model":
+            draft = copy.deepcopy(self.module).to(dtype).eval()
+            return save_draft_model(directory, draft, target, training)
+        return save_drafter(directory, self.kind, self.module, self.options(), target, training, dtype)
+
+
+def hidden_layers(target: nn.Module, feature_layers: tuple[int, ...]) -> tuple[int, ...]:
+    """The resolved feature layers in the head's order, then the last layer unless it is among them."""
+    last = target.config.num_hidden_layers
+    resolved = tuple(layer + last + 1 if layer < 0 else layer for layer in feature_layers)
+    if not all(0 <= layer <= last for layer in resolved) or len(set(resolved)) != len(resolved):
+        raise ValueError(f"feature_layers {list(feature_layers)} must be distinct hidden-state indices in "
+                         f"[-{last + 1}, {last}] for a target of {last} blocks")
+    return resolved if last in resolved else (*resolved, last)
+
+
+def build_family(kind: str, make_head: Callable | None, objective: Callable, pair,
+                 draft_ids: list[int] | None = None) -> Family:
+    """The family ``kind``: ``make_head(target, ...)`` completes the configured head (eagle, medusa); a model
+    family trains a copy of the pair's draft."""
+    target = pair.target
+    if kind == "eagle":
+        head = make_head(target, draft_ids=draft_ids) if draft_ids is not None else make_head(target)
+        if not isinstance(head, EagleHead):
+            raise TypeError(f"drafter=eagle builds a specdec.heads.EagleHead, got {type(head).__name__}")
+        module, layers = head, hidden_layers(target, head.feature_layers)
+        features = len(head.feature_layers)
+    elif kind == "medusa":
+        module, layers, features = make_head(target), (target.config.num_hidden_layers,), 0
+        if not isinstance(module, MedusaHeads):
+            raise TypeError(f"drafter=medusa builds specdec.heads.MedusaHeads, got {type(module).__name__}")
+    else:
+        module, layers, features = copy.deepcopy(pair.draft), (target.config.num_hidden_layers,), 0
+    return Family(kind, module.float().train().requires_grad_(True), objective, layers, features)
+
+
+def frequent_tokens(sequences: Sequences, size: int) -> tuple[list[int], float]:
+    """The ``size`` tokens that most often follow a counted position (EAGLE-3's draft vocabulary), and the
+    fraction of those positions they cover."""
+    following = sequences.tokens.roll(-1, 1)[sequences.counts]  # [P] the trained-on tokens
+    frequency = torch.bincount(following)
+    top = frequency.topk(min(size, frequency.numel())).indices
+    return sorted(top.tolist()), float(frequency[top].sum() / following.numel())
+
+
+# Batches -----------------------------------------------------------------------------------------------------------
+
+@dataclass
+class TrainingData:
+    """The sequences, and the target's hidden states at ``Family.layers`` cached in memory ([N, W, H, D]), or None
+    where each batch recomputes them."""
+
+    sequences: Sequences
+    hidden: torch.Tensor | None
+
+
+def batch_rows(step: int, batch_size: int, count: int, seed: int) -> torch.Tensor:
+    """[batch_size] the rows of global batch ``step``: slices of an endless stream of permutations (one per epoch,
+    drawn from ``seed`` and the epoch), so any step's rows are known without replaying the ones before."""
+    positions = torch.arange(step * batch_size, (step + 1) * batch_size)
+    rows = torch.empty(batch_size, dtype=torch.long)
+    for epoch in positions.div(count, rounding_mode="floor").unique().tolist():
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        inside = positions.div(count, rounding_mode="floor") == epoch
+        rows[inside] = order[positions[inside] % count]
+    return rows
+
+
+def make_batch(data: TrainingData, rows: torch.Tensor, family: Family, target: nn.Module,
+               device: torch.device) -> TrainingBatch:
+    """A ``TrainingBatch`` of ``rows``, cut to its longest row, with the target's hidden states cached or
+    computed now."""
+    from experiments.drafter_data import target_hidden
+
+    length = int(data.sequences.lengths[rows].max())
+    tokens = data.sequences.tokens[rows, :length].to(device)  # [b, T]
+    counts = data.sequences.counts[rows, :length].to(device)  # [b, T]
+    if data.hidden is not None:
+        hidden = data.hidden[rows, :length].to(device)  # [b, T, H, D]
+    else:
+        hidden = target_hidden(target, tokens, family.layers)
+    hidden = hidden.to(next(target.parameters()).dtype)
+    last = hidden[:, :, family.layers.index(target.config.num_hidden_layers)]  # [b, T, D]
+    return TrainingBatch(tokens, last, counts, hidden[:, :, : family.features] if family.features else None)
+
+
+def rank_slice(rows: torch.Tensor, ranks: Ranks) -> torch.Tensor:
+    share = rows.numel() // ranks.world
+    return rows[ranks.rank * share:(ranks.rank + 1) * share]
+
+
+# Settings and state ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Settings:
+    """The loop's settings (the training config's top-level keys)."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    divergence: str
+    warmup: float = 0.05
+    min_lr: float = 0.1  # the cosine decay's floor, as a fraction of lr
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    checkpoint_every: int = 100
+    k: int = 4
+    eval_batch_size: int = 16
+    max_minutes: float | None = None
+    seed: int = 0
+    save_dtype: torch.dtype = torch.float32
+
+
+def learning_rate(step: int, settings: Settings) -> float:
+    """Linear warm-up over ``warmup`` of the steps, then cosine decay to ``min_lr`` times the peak."""
+    progress = step / settings.steps
+    if progress < settings.warmup:
+        return settings.lr * (step + 1) / max(settings.warmup * settings.steps, 1)
+    decay = (progress - settings.warmup) / max(1 - settings.warmup, 1e-9)
+    return settings.lr * (settings.min_lr + (1 - settings.min_lr) * 0.5 * (1 + math.cos(math.pi * decay)))
+
+
+def make_optimizer(module: nn.Module, settings: Settings) -> torch.optim.Optimizer:
+    """AdamW, weight decay on matrices only."""
+    parameters = [parameter for parameter in module.parameters() if parameter.requires_grad]
+    groups = [{"params": [p for p in parameters if p.ndim >= 2], "weight_decay": settings.weight_decay},
+              {"params": [p for p in parameters if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=settings.lr, betas=(0.9, 0.95))
+
+
+@dataclass
+class Best:
+    tau: float = -math.inf
+    step: int | None = None
+    per_position: list[float] = field(default_factory=list)
+    weights: dict | None = None
+
+
+class Checkpoints:
+    """``state-<step>.pt`` files in one directory: each written beside and renamed (a kill leaves the last whole
+    one), older ones removed once a newer one is down."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def steps(self) -> list[int]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(match[1]) for path in self.directory.iterdir() if (match := STATE.fullmatch(path.name)))
+
+    def latest(self) -> dict | None:
+        steps = self.steps()
+        if not steps:
+            return None
+        return torch.load(self.directory / f"state-{steps[-1]:09d}.pt", weights_only=False)
+
+    def save(self, state: dict) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"state-{state['step']:09d}.pt"
+        partial = path.with_name(path.name + ".partial")
+        with open(partial, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        partial.replace(path)
+        sync_directory(self.directory)
+        for step in self.steps():
+            if step < state["step"]:
+                (self.directory / f"state-{step:09d}.pt").unlink()
+
+
+class TrainingLog:
+    """``log.jsonl``: one line per step (loss, lr) and per evaluation (tau, a_i). A resumed run first drops the
+    lines after its checkpoint, which it is about to compute again: no line is lost or written twice."""
+
+    def __init__(self, path: Path, through_step: int):
+        self.path = path
+        kept = [line for line in self.lines() if line["step"] <= through_step]
+        write_atomic(path, "".join(json.dumps(line) + "\n" for line in kept).encode())
+        self.handle = open(path, "a", encoding="utf-8")
+
+    def lines(self) -> list[dict]:
+        if not self.path.is_file():
+            return []
+        lines = []
+        for text in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                lines.append(json.loads(text))
+            except json.JSONDecodeError:  # a line cut by a kill: it is after the checkpoint, computed again
+                break
+        return lines
+
+    def write(self, line: dict) -> None:
+        self.handle.write(json.dumps(line) + "\n")
+        self.handle.flush()
+
+    def sync(self) -> None:
+        os.fsync(self.handle.fileno())
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+# Evaluation --------------------------------------------------------------------------------------------------------
+
+def heldout_batches(sequences: Sequences, family: Family, target: nn.Module, device: torch.device,
+                    batch_size: int) -> list[TrainingBatch]:
+    """The held-out sequences as batches with the target's hidden states (computed once, in its dtype)."""
+    data = TrainingData(sequences, None)
+    return [make_batch(data, torch.arange(first, min(first + batch_size, len(sequences))), family, target, device)
+            for first in range(0, len(sequences), batch_size)]
+
+
+@torch.no_grad()
+def evaluate(family: Family, target: nn.Module, batches: list[TrainingBatch], k: int) -> tuple[list[float], float]:
+    """Per-position acceptance a_1..a_k and the simulated tau on held-out greedy data, at temperature 0."""
+    module, training = family.module, family.module.training
+    module.eval()
+    found = []
+    with autocast_for(target):
+        for batch in batches:
+            matches, counted = draft_matches(module, target, batch, k)
+            found.append(matches[counted])  # [P, k]
+    module.train(training)
+    matches = torch.cat(found)
+    return simulated_acceptance(matches, torch.ones(matches.shape[0], dtype=torch.bool))
+
+
+def autocast_for(target: nn.Module):
+    """Mixed precision where the target is in half precision: the trained module stays fp32."""
+    dtype = next(target.parameters()).dtype
+    device = next(target.parameters()).device
+    return torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+
+
+# Plot --------------------------------------------------------------------------------------------------------------
+
+def plot_tau(lines: list[dict], path: Path) -> None:
+    """tau against step, from the log's evaluation lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evaluations = [line for line in lines if "tau" in line]
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    axis.plot([line["step"] for line in evaluations], [line["tau"] for line in evaluations], marker="o")
+    axis.set_xlabel("step")
+    axis.set_ylabel("simulated τ (held-out, greedy)")
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    partial = path.with_name(path.name + ".partial.png")
+    figure.savefig(partial, dpi=100)
+    plt.close(figure)
+    partial.replace(path)
+
+
+# The loop ----------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    steps: int  # steps done
+    finished: bool  # all the steps (else stopped by max_minutes)
+    seconds: float  # training wall time, over every resumed part
+    best: Best
+
+
+def train(settings: Settings, family: Family, target: nn.Module, data: TrainingData, heldout: list[TrainingBatch],
+          out: Path, ranks: Ranks, logger, training_info: dict, progress=None) -> Outcome:
+    """Train ``family`` from the last checkpoint in ``out`` (or from the start), keeping the best drafter by
+    simulated tau in ``out/drafter``."""
+    device = next(target.parameters()).device
+    module = family.module.to(device)
+    optimizer = make_optimizer(module, settings)
+    checkpoints = Checkpoints(out / "checkpoint")
+    state = checkpoints.latest()
+    best, start, seconds = Best(), 0, 0.0
+    if state is not None:
+        module.load_state_dict(state["module"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        best, start, seconds = Best(**state["best"]), state["step"], state["seconds"]
+    broadcast_module(module, ranks)
+    log = TrainingLog(out / "log.jsonl", start) if ranks.main else None
+    if ranks.main and best.weights is not None:  # the best drafter, as the checkpoint knew it
+        save_best(family, best, target, out, training_info, settings)
+    mean = global_mean(ranks)
+    parameters = [parameter for parameter in module.parameters() if parameter.requires_grad]
+    recent: deque[float] = deque(maxlen=20)
+    began = time.perf_counter() - seconds
+    step = start
+    stopped = False
+    while step < settings.steps and not stopped:
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, settings)
+        rows = rank_slice(batch_rows(step, settings.batch_size, len(data.sequences), settings.seed), ranks)
+        batch = make_batch(data, rows, family, target, device)
+        with autocast_for(target):
+            loss = family.loss(target, batch, settings.divergence, mean)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        reduce_gradients([parameter for parameter in parameters if parameter.grad is not None], ranks)
+        if settings.grad_clip:
+            torch.nn.utils.clip_grad_norm_(parameters, settings.grad_clip)
+        optimizer.step()
+        step += 1
+        value = summed(float(loss.detach()), ranks)
+        recent.append(value)
+        seconds = time.perf_counter() - began
+        if log is not None:
+            log.write({"step": step, "loss": value, "lr": optimizer.param_groups[0]["lr"], "seconds": round(seconds, 3)})
+        logger.log_step({"loss": value, "lr": optimizer.param_groups[0]["lr"]}, step)
+        stopped = agreed(settings.max_minutes is not None and seconds >= 60 * settings.max_minutes, ranks)
+        last = step == settings.steps or stopped
+        if ranks.main and (step % settings.eval_every == 0 or last):
+            rates, tau = evaluate(family, target, heldout, settings.k)
+            log.write({"step": step, "tau": tau, "per_position": rates})
+            logger.log_step({"tau": tau, **{f"a_{i}": a for i, a in enumerate(rates, 1)}}, step)
+            if tau > best.tau:
+                best = Best(tau, step, rates, {name: tensor.detach().clone().cpu()
+                                               for name, tensor in module.state_dict().items()})
+                save_best(family, best, target, out, training_info, settings)
+            plot_tau(log.lines(), out / "tau.png")
+        if step % settings.checkpoint_every == 0 or last:
+            if ranks.main:
+                log.sync()
+                checkpoints.save({"step": step, "module": module.state_dict(), "optimizer": optimizer.state_dict(),
+                                  "rng": torch.get_rng_state(), "best": best.__dict__, "seconds": seconds})
+            barrier(ranks)
+        if progress is not None:
+            progress(step, sum(recent) / len(recent), best.tau)
+    check_ranks_agree(module, ranks)
+    if log is not None:
+        log.close()
+    return Outcome(step, step >= settings.steps, seconds, best)
+
+
+def save_best(family: Family, best: Best, target: nn.Module, out: Path, training_info: dict,
+              settings: Settings) -> None:
+    """``out/drafter``: the best weights with the config naming the target and what training measured."""
+    weights = {name: tensor.clone() for name, tensor in family.module.state_dict().items()}
+    family.module.load_state_dict(best.weights)
+    info = {**training_info, "best_step": best.step, "simulated_tau": best.tau, "per_position": best.per_position,
+            "k": settings.k}
+    family.save(out / "drafter", target, info, settings.save_dtype)
+    family.module.load_state_dict(weights)
+
+
+def print_line(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
