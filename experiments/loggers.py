@@ -158,8 +158,10 @@ def run_summary(summary: dict) -> dict:
     """W&B's run summary from summary.json: each pooled figure under its plain name (``speedup``) with
     ``<name>/ci_low`` and ``<name>/ci_high``, each per-prompt mean under ``per_prompt/<name>``, pooled per-position
     acceptance as ``per_position_acceptance/<i>`` with ``per_position_attempts/<i>``, the accepted histogram as
-    ``accepted_histogram/<j>``, the short prompts' count, and summary.json whole under ``summary/``."""
+    ``accepted_histogram/<j>``, the short prompts' count, every number at summary.json's top level under its own
+    name (a training run's ``simulated_tau``), and summary.json whole under ``summary/``."""
     flat = {f"summary/{key}": value for key, value in flatten(summary).items()}
+    flat |= {key: value for key, value in summary.items() if is_scalar_number(value)}
     pooled, means = summary.get("pooled") or {}, summary.get("metrics") or {}
     for name in PLAIN_FIGURES:
         if name in pooled:
