@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from experiments.rundir import sync_directory
+from specdec.api import generate
 from specdec.checkpoints import target_identity
 
 CORPUS_SOURCES = ("registry",)  # named corpora; anything else is a path to a .txt or .jsonl file
@@ -222,27 +223,25 @@ def check_prompt_tokens(prompt_tokens: object) -> tuple[int, int]:
 @torch.no_grad()
 def continuations(model: nn.Module, openings: list[list[int]], new_tokens: int, temperature: float, width: int,
                   seed: int, pad_id: int, batch_size: int = 64) -> Sequences:
-    """Each opening continued by ``model`` for exactly ``new_tokens`` tokens (transformers' generate, not stopping at
-    EOS: an EOS the model chooses is kept and followed, as in the loop with EOS ignored; openings of one length share
-    a batch, so nothing is padded), right-padded to ``width``; counts mark the positions whose next token is a
-    continuation token. Sampling draws from ``seed``."""
-    torch.manual_seed(seed)
+    """Each opening continued by ``model`` for exactly ``new_tokens`` tokens, right-padded to ``width``; counts mark
+    the positions whose next token is a continuation token. The continuations are specdec's own autoregressive loop
+    (``specdec.generate`` without a draft) over left-padded batches of ``batch_size`` openings: exact per row (the
+    ragged-batch greedy-equality tests), and EOS does not stop a row (an EOS the model chooses is kept and followed,
+    as in the loop with EOS ignored). Sampling (temperature > 0, no top-k or top-p) draws from ``seed`` and the batch's
+    index."""
     device = next(model.parameters()).device
     tokens = torch.full((len(openings), width), pad_id, dtype=torch.long)  # [n, W]
     counts = torch.zeros(len(openings), width, dtype=torch.bool)  # [n, W]
-    by_length: dict[int, list[int]] = {}
-    for row, ids in enumerate(openings):
-        by_length.setdefault(len(ids), []).append(row)
-    sampling = dict(do_sample=True, temperature=float(temperature), top_k=0, top_p=1.0) if temperature > 0 else \
-        dict(do_sample=False)
-    for length, rows in sorted(by_length.items()):
-        for first in range(0, len(rows), batch_size):
-            chunk = rows[first:first + batch_size]
-            prompts = torch.tensor([openings[row] for row in chunk], device=device)  # [b, L]
-            sequences = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-                                       eos_token_id=None, pad_token_id=pad_id, **sampling)  # [b, L + N]
-            tokens[chunk, :length + new_tokens] = sequences.cpu()
-            counts[chunk, length - 1:length - 1 + new_tokens] = True
+    for first in range(0, len(openings), batch_size):
+        chunk = openings[first:first + batch_size]
+        longest = max(map(len, chunk))
+        prompts = torch.tensor([[pad_id] * (longest - len(ids)) + ids for ids in chunk], device=device)  # [b, L]
+        mask = torch.tensor([[0] * (longest - len(ids)) + [1] * len(ids) for ids in chunk], device=device)  # [b, L]
+        written = generate(model, prompts, attention_mask=mask, max_new_tokens=new_tokens, temperature=temperature,
+                           eos_token_id=None, seed=seed + first // batch_size).tokens
+        for row, (ids, new) in enumerate(zip(chunk, written)):
+            tokens[first + row, :len(ids) + new_tokens] = torch.tensor(ids + new)
+            counts[first + row, len(ids) - 1:len(ids) - 1 + new_tokens] = True
     return Sequences(tokens, counts)
 
 
