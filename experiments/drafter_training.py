@@ -31,13 +31,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from experiments.drafter_data import Sequences
 from experiments.loggers import NullLogger, WandbLogger
 from experiments.rundir import sync_directory, write_atomic
 from specdec.checkpoints import save_draft_model, save_drafter
-from specdec.distill import TrainingBatch, draft_matches, masked_mean, simulated_acceptance
+from specdec.distill import TrainingBatch, draft_matches, masked_mean, simulated_acceptance, walked_acceptance
 from specdec.heads import EagleHead, MedusaHeads
 
 KINDS = ("eagle", "medusa", "model")
@@ -319,6 +320,7 @@ class Best:
     step: int | None = None
     per_position: list[float] = field(default_factory=list)
     weights: dict | None = None
+    walked_tau: float | None = None  # absent from checkpoints written before it was measured
 
 
 class Checkpoints:
@@ -396,19 +398,34 @@ def heldout_batches(sequences: Sequences, family: Family, target: nn.Module, dev
             for first in range(0, len(sequences), batch_size)]
 
 
+@dataclass
+class Evaluation:
+    """What the held-out data says of a drafter at temperature 0: the per-position acceptance a_1..a_k and tau
+    over every prefix (``simulated_acceptance``, SpecForge's and NeMo's figure), and the tau the loop would measure
+    (``walked_acceptance``: steps start after rejections, and a head's prefill emits one token alone)."""
+    per_position: list[float]
+    tau: float
+    walked_tau: float
+
+
 @torch.no_grad()
-def evaluate(family: Family, target: nn.Module, batches: list[TrainingBatch], k: int) -> tuple[list[float], float]:
-    """Per-position acceptance a_1..a_k and the simulated tau on held-out greedy data, at temperature 0."""
+def evaluate(family: Family, target: nn.Module, batches: list[TrainingBatch], k: int) -> Evaluation:
+    """The drafter's acceptance on held-out greedy data (see ``Evaluation``)."""
     module, training = family.module, family.module.training
     module.eval()
     found = []
     with autocast_for(target):
         for batch in batches:
-            matches, counted = draft_matches(module, target, batch, k)
-            found.append(matches[counted])  # [P, k]
+            matches, counted = draft_matches(module, target, batch, k)  # [b, T, k], [b, T]
+            found.append((matches, counted, batch.counts))
     module.train(training)
-    matches = torch.cat(found)
-    return simulated_acceptance(matches, torch.ones(matches.shape[0], dtype=torch.bool))
+    every = torch.cat([matches[counted] for matches, counted, _ in found])  # [P, k] prefixes with k steps counted
+    rates, tau = simulated_acceptance(every, torch.ones(every.shape[0], dtype=torch.bool))
+    width = max(counts.shape[1] for _, _, counts in found)
+    matches = torch.cat([F.pad(m, (0, 0, 0, width - m.shape[1])) for m, _, _ in found])  # [B, T, k]
+    counts = torch.cat([F.pad(c, (0, width - c.shape[1])) for _, _, c in found])  # [B, T]
+    _, walked_tau = walked_acceptance(matches, counts, drafts_first=family.kind == "model")
+    return Evaluation(rates, tau, walked_tau)
 
 
 def autocast_for(target: nn.Module):
@@ -498,12 +515,15 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
         stopped = agreed(settings.max_minutes is not None and seconds >= 60 * settings.max_minutes, ranks)
         last = step == settings.steps or stopped
         if ranks.main and (step % settings.eval_every == 0 or last):
-            rates, tau = evaluate(family, target, heldout, settings.k)
-            log.write({"step": step, "tau": tau, "per_position": rates})
-            logger.log_step({"tau": tau, **{f"a_{i}": a for i, a in enumerate(rates, 1)}}, step)
-            if tau > best.tau:
-                best = Best(tau, step, rates, {name: tensor.detach().clone().cpu()
-                                               for name, tensor in module.state_dict().items()})
+            found = evaluate(family, target, heldout, settings.k)
+            log.write({"step": step, "tau": found.tau, "per_position": found.per_position,
+                       "walked_tau": found.walked_tau})
+            logger.log_step({"tau": found.tau, "walked_tau": found.walked_tau,
+                             **{f"a_{i}": a for i, a in enumerate(found.per_position, 1)}}, step)
+            if found.tau > best.tau:
+                best = Best(found.tau, step, found.per_position, {name: tensor.detach().clone().cpu()
+                                                                   for name, tensor in module.state_dict().items()},
+                            found.walked_tau)
                 save_best(family, best, target, out, training_info, settings)
             plot_tau(log.lines(), out / "tau.png")
         if step % settings.checkpoint_every == 0 or last:
@@ -526,7 +546,7 @@ def save_best(family: Family, best: Best, target: nn.Module, out: Path, training
     weights = {name: tensor.clone() for name, tensor in family.module.state_dict().items()}
     family.module.load_state_dict(best.weights)
     info = {**training_info, "best_step": best.step, "simulated_tau": best.tau, "per_position": best.per_position,
-            "k": settings.k}
+            "walked_tau": best.walked_tau, "k": settings.k}
     family.save(out / "drafter", target, info, settings.save_dtype)
     family.module.load_state_dict(weights)
 

@@ -25,14 +25,12 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import specdec
 from experiments.config_checks import ConfigError
 from experiments.drafter_data import heldout_set
 from experiments.drafter_training import Family, evaluate, heldout_batches, hidden_layers
 from specdec.checkpoints import load_weights, read_drafter_config
-from specdec.distill import draft_matches, walked_acceptance
 from specdec.eagle import SHIPPED as EAGLE_SHIPPED
 from specdec.eagle import EagleDrafter
 from specdec.heads import EagleHead, MedusaHeads
@@ -147,22 +145,10 @@ def measure(args: argparse.Namespace) -> dict:
         features = getattr(module, "feature_layers", ())
         family = Family(args.kind, module, None, hidden_layers(target, features), len(features))
         batches = heldout_batches(continuations, family, target, torch.device("cpu"), 16)
-        rates, tau = evaluate(family, target, batches, args.k)
-        walked_rates, walked_tau = walked(module.eval(), target, batches, args.k, args.kind == "model")
-        result.update(simulated_tau=tau, simulated_per_position=rates, walked_tau=walked_tau,
-                      walked_per_position=walked_rates)
+        found = evaluate(family, target, batches, args.k)
+        result.update(simulated_tau=found.tau, simulated_per_position=found.per_position,
+                      walked_tau=found.walked_tau)
     return result
-
-
-@torch.no_grad()
-def walked(module: torch.nn.Module, target: torch.nn.Module, batches: list, k: int, drafts_first: bool
-           ) -> tuple[list[float], float]:
-    """``specdec.distill.walked_acceptance`` over every held-out batch (padded to one width)."""
-    found = [(draft_matches(module, target, batch, k)[0], batch.counts) for batch in batches]
-    width = max(counts.shape[1] for _, counts in found)
-    matches = torch.cat([F.pad(m, (0, 0, 0, width - m.shape[1])) for m, _ in found])  # [B, T, k]
-    counts = torch.cat([F.pad(c, (0, width - c.shape[1])) for _, c in found])  # [B, T]
-    return walked_acceptance(matches, counts, drafts_first)
 
 
 def main(argv: list[str] | None = None) -> None:

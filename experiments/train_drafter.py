@@ -399,13 +399,15 @@ def write_summary(plan: Plan, outcome, parameters: int) -> None:
     summary = {"drafter": plan.kind, "loss": plan.settings.divergence, "parameters": parameters,
                "steps": outcome.steps, "finished": outcome.finished, "training_seconds": round(outcome.seconds, 1),
                "best_step": best.step, "simulated_tau": best.tau, "per_position": best.per_position,
-               "k": plan.settings.k, "drafter_dir": str(plan.out / "drafter")}
+               "walked_tau": best.walked_tau, "k": plan.settings.k, "drafter_dir": str(plan.out / "drafter")}
     if outcome.finished:
         (plan.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     plan.logger.finish([], summary, failed=False)
+    walked = "-" if best.walked_tau is None else f"{best.walked_tau:.3f}"
     state = "done" if outcome.finished else f"stopped at step {outcome.steps} (max_minutes); resume={plan.out} continues"
     print_line(f"{state}: best simulated tau {best.tau:.3f} at step {best.step} (k = {plan.settings.k}, a_i "
-               f"{', '.join(f'{a:.3f}' for a in best.per_position)}) in {outcome.seconds / 60:.1f} min")
+               f"{', '.join(f'{a:.3f}' for a in best.per_position)}; the loop's tau, walked: {walked}) in "
+               f"{outcome.seconds / 60:.1f} min")
     print_line(f"drafter: {plan.out / 'drafter'}")
 
 

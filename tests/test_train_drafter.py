@@ -127,7 +127,7 @@ def simulated_tau(kind: str, module: torch.nn.Module, loaded_pair, sequences: da
     features = getattr(module, "feature_layers", ())
     family = Family(kind, module, None, hidden_layers(target, features), len(features))
     batches = heldout_batches(sequences, family, loaded_pair.target, torch.device("cpu"), 16)
-    return evaluate(family, loaded_pair.target, batches, 4)[1]
+    return evaluate(family, loaded_pair.target, batches, 4).tau
 
 
 def greedy_prompts(sequences: data_lib.Sequences) -> list[list[int]]:
