@@ -20,6 +20,7 @@ from experiments.harness import (
     run_interleaved,
 )
 from specdec import Clock, left_pad
+from specdec.checkpoints import read_drafter_config
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -51,7 +52,8 @@ def families(pair, args) -> dict[str, tuple[specdec.Drafter | None, int]]:
     for k in args.ks:
         made[f"draft model k={k}"] = (specdec.ModelDrafter(pair.draft), k)
         for path in args.distilled:
-            made[f"distilled {path.name} k={k}"] = (specdec.ModelDrafter.from_pair(pair, checkpoint=str(path)), k)
+            loss = read_drafter_config(path, "model")["training"].get("loss", path.name)
+            made[f"draft distilled ({loss}) k={k}"] = (specdec.ModelDrafter.from_pair(pair, checkpoint=str(path)), k)
         made[f"EAGLE chain k={k}"] = (specdec.EagleDrafter(eagle.head, target), k)
         if k <= medusa.heads.num_heads:
             made[f"Medusa chain k={k}"] = (specdec.MedusaDrafter(medusa.heads, target), k)
