@@ -405,6 +405,7 @@ class Evaluation:
     (``walked_acceptance``: steps start after rejections, and a head's prefill emits one token alone)."""
     per_position: list[float]
     tau: float
+    walked_per_position: list[float]
     walked_tau: float
 
 
@@ -424,8 +425,8 @@ def evaluate(family: Family, target: nn.Module, batches: list[TrainingBatch], k:
     width = max(counts.shape[1] for _, _, counts in found)
     matches = torch.cat([F.pad(m, (0, 0, 0, width - m.shape[1])) for m, _, _ in found])  # [B, T, k]
     counts = torch.cat([F.pad(c, (0, width - c.shape[1])) for _, _, c in found])  # [B, T]
-    _, walked_tau = walked_acceptance(matches, counts, drafts_first=family.kind == "model")
-    return Evaluation(rates, tau, walked_tau)
+    walked_rates, walked_tau = walked_acceptance(matches, counts, drafts_first=family.kind == "model")
+    return Evaluation(rates, tau, walked_rates, walked_tau)
 
 
 def autocast_for(target: nn.Module):

@@ -147,7 +147,7 @@ def measure(args: argparse.Namespace) -> dict:
         batches = heldout_batches(continuations, family, target, torch.device("cpu"), 16)
         found = evaluate(family, target, batches, args.k)
         result.update(simulated_tau=found.tau, simulated_per_position=found.per_position,
-                      walked_tau=found.walked_tau)
+                      walked_tau=found.walked_tau, walked_per_position=found.walked_per_position)
     return result
 
 

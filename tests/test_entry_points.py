@@ -135,7 +135,7 @@ def test_a_tree_the_pairs_vocabulary_cannot_hold_is_refused_before_measuring(mon
     (["-m", "sampling=t1,t3"], "sampling=t3 is not an option of sampling"),
     (["-m", "sampling=choice(t1,hot)"], "sampling=hot is not an option of sampling"),
     (["drafter=modle"], "drafter=modle is not an option of drafter; options: cross_tokenizer, dynamic_tree, "
-                        "early_exit, model, ngram, tree, tree_searched; did you mean drafter=model?"),
+                        "eagle, early_exit, medusa, model, ngram, tree, tree_searched; did you mean drafter=model?"),
     (["+strategy=fast"], "strategy=fast is not an option of strategy"),
     (["hydra/launcher=nope"], "hydra/launcher=nope is not an option of hydra/launcher"),
     (["pair=gpt5"], "pair=gpt5 is not an option of pair"),

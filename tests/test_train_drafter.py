@@ -476,8 +476,6 @@ def loop_tau(target, drafter, prompts: list[list[int]], new_tokens: int, k: int)
 def test_the_walked_simulation_is_the_loops_tau_and_a_i(kind, tiny_pair, eagle_run, tmp_path, monkeypatch):
     """simulated_acceptance averages over every prefix; walked_acceptance follows the loop's steps (a draftless
     prefill for a head, steps starting after rejections) and must give the loop's figures exactly."""
-    from experiments.measure_drafter import walked
-
     pair = load_pair(None, draft=tiny_pair["draft"], target=tiny_pair["target"], device="cpu", dtype="float32")
     if kind == "eagle":
         drafter = EagleDrafter.from_pretrained(eagle_run / "drafter", pair.target)
@@ -487,7 +485,8 @@ def test_the_walked_simulation_is_the_loops_tau_and_a_i(kind, tiny_pair, eagle_r
     sequences = heldout_of(tiny_pair, pair.target, pair.tokenizer)
     family = Family(kind, module, None, hidden_layers(pair.target, features), len(features))
     batches = heldout_batches(sequences, family, pair.target, torch.device("cpu"), 16)
-    rates, tau = walked(module, pair.target, batches, 4, drafts_first=kind == "model")
+    found = evaluate(family, pair.target, batches, 4)
+    rates, tau = found.walked_per_position, found.walked_tau
     loop_rates, loop = loop_tau(pair.target, drafter, greedy_prompts(sequences), 16, 4)
     assert tau == pytest.approx(loop, abs=1e-12)
     assert rates == pytest.approx(loop_rates, abs=1e-12, nan_ok=True)
