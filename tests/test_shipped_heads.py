@@ -54,6 +54,7 @@ def test_each_shipped_head_names_the_embedded_target_and_is_half_precision():
         assert (HEADS / kind / "weights.safetensors").stat().st_size < 8 * 2**20
 
 
+@pytest.mark.slow
 def test_the_run_app_compares_the_families_on_one_baseline_offline(tmp_path, monkeypatch):
     sweep_dir = tmp_path / "sweep"
     monkeypatch.setattr(sys, "argv", [str(REPO / "experiments" / "run.py"), "-m", "drafter=model,eagle,medusa",
