@@ -37,7 +37,7 @@ from specdec.checkpoints import target_identity
 
 CORPUS_SOURCES = ("registry",)  # named corpora; anything else is a path to a .txt or .jsonl file
 HIDDEN_MODES = ("auto", "cache", "recompute")
-DATA_FORMAT = 3  # in data directory names: 3, written by specdec's loop (sampled rows draw another stream than 2, transformers' generate); 2, through EOS; 1 suppressed it
+DATA_FORMAT = 3  # in data directory names: 3, written by specdec's loop; 2, by transformers' generate; 1, EOS suppressed
 SIZE_FIELDS = ("num_prompts", "num_sequences")  # not in data directory names: a larger run extends a smaller one
 
 
