@@ -260,8 +260,14 @@ def check_required(run: RunRows) -> None:
             raise ResultsError(f"{run.source}: row {number}: {problem}")
 
 
+JSON_KINDS = {bool: "bool", int: "number", float: "number"}  # a float column may hold 1 and 0.5
+
+
 def _kind(value) -> str:
-    """JSON-level type; ints and floats are both numbers (a float column may hold 1 and 0.5)."""
+    """JSON-level type; ints and floats are both numbers."""
+    kind = JSON_KINDS.get(type(value))  # the common cases without isinstance: a report may read millions of values
+    if kind is not None:
+        return kind
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, numbers.Number):
@@ -277,10 +283,11 @@ def check_kinds(runs: list[RunRows]) -> None:
             for column, value in row.items():
                 if value is None:
                     continue
-                kind, source = first.setdefault(column, (_kind(value), run.source))
-                if _kind(value) != kind:
-                    raise ResultsError(f"{run.source}: column {column!r} holds {_kind(value)} values "
-                                       f"({value!r}) but {source} holds {kind}; incompatible schemas")
+                kind = _kind(value)
+                first_kind, source = first.setdefault(column, (kind, run.source))
+                if kind != first_kind:
+                    raise ResultsError(f"{run.source}: column {column!r} holds {kind} values "
+                                       f"({value!r}) but {source} holds {first_kind}; incompatible schemas")
 
 
 def check_run_ids(runs: list[RunRows]) -> None:

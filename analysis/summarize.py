@@ -79,8 +79,9 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
             record["most_concurrent_jobs"] = pd.to_numeric(rows["concurrent_jobs"]).max()  # NaN: not counted
         if "host" in rows:
             record["hosts"] = ", ".join(sorted(map(str, rows["host"].dropna().unique())))
-        record.update(pooled_columns(rows))
-        timed = rows[[not too_short(row) for row in rows.to_dict("records")]]
+        row_dicts = [{key: none_for_nan(value) for key, value in row.items()} for row in rows.to_dict("records")]
+        record.update(pooled_columns(row_dicts))
+        timed = rows[[not too_short(row) for row in row_dicts]]
         for metric in SUMMARIZED_METRICS:
             record.update(zip((f"{metric}_mean", f"{metric}_ci_low", f"{metric}_ci_high"),
                               confidence_interval((timed if metric in TIMED_METRICS else rows)[metric],
@@ -98,10 +99,10 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
     return summary
 
 
-def pooled_columns(rows: pd.DataFrame) -> dict:
+def pooled_columns(records: list[dict]) -> dict:
     """A run's pooled figures (``specdec.results.pooled``) as summary columns, with its short prompts, per-position
-    acceptance pooled, and what its outputs say (identical at temperature 0; mean log-likelihoods)."""
-    records = [{key: none_for_nan(value) for key, value in row.items()} for row in rows.to_dict("records")]
+    acceptance pooled, and what its outputs say (identical at temperature 0; mean log-likelihoods). ``records``
+    are the run's rows as read from JSON (None where a value is missing)."""
     figures = pooled(records)
     columns = {f"{figure}_{stat}": figures[figure][key] for figure in POOLED_FIGURES
                for stat, key in (("pooled", "value"), ("pooled_ci_low", "ci_low"), ("pooled_ci_high", "ci_high"))}

@@ -414,11 +414,24 @@ def row_terms(row: dict) -> dict[str, float]:
             "spec_seconds": term("spec_seconds", share), "baseline_seconds": term("baseline_seconds", share)}
 
 
-def bootstrap_indices(n: int):
-    """[BOOTSTRAP_SAMPLES, n] prompt indices, each row a resample of the n prompts with replacement."""
+def bootstrap_totals(values):
+    """[BOOTSTRAP_SAMPLES, m] column totals of ``values`` [n, m] over resamples of its n rows with replacement.
+
+    Each resample's totals are its row counts times ``values`` (one matrix product), drawn a few resamples at a time
+    so that memory stays near 32 MB however many prompts there are."""
     import numpy as np
 
-    return np.random.default_rng(BOOTSTRAP_SEED).integers(0, n, (BOOTSTRAP_SAMPLES, n))
+    n = len(values)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    chunk = max(1, 2**22 // n)  # resamples per draw: about 4M indices
+    totals = []
+    for start in range(0, BOOTSTRAP_SAMPLES, chunk):
+        resamples = min(chunk, BOOTSTRAP_SAMPLES - start)
+        drawn = rng.integers(0, n, (resamples, n), dtype=np.int32)  # int32: draws 4x faster than int64
+        index = drawn + n * np.arange(resamples, dtype=np.int32)[:, None]  # [resamples, n]: at most 2**22 + n
+        counts = np.bincount(index.ravel(), minlength=resamples * n).reshape(resamples, n)  # [resamples, n]
+        totals.append(counts.astype(float) @ values)  # [resamples, m]; a float product is BLAS's, 1.4x faster
+    return np.concatenate(totals)
 
 
 def interval(samples, level: float = 0.95) -> tuple[float, float]:
@@ -435,16 +448,21 @@ def interval(samples, level: float = 0.95) -> tuple[float, float]:
 def pooled_figure(rows: list[dict], figure: str) -> dict:
     """One pooled figure (``POOLED_FIGURES``) over the rows holding all its terms: its value, a 95% percentile
     bootstrap interval over prompts (NaN with fewer than ``MIN_PROMPTS_FOR_INTERVAL`` prompts) and the prompts."""
+    return pooled_figure_of_terms([row_terms(row) for row in rows], figure)
+
+
+def pooled_figure_of_terms(terms_of_rows: list[dict], figure: str) -> dict:
+    """``pooled_figure`` from each row's ``row_terms``, computed once for all figures."""
     import numpy as np
 
     names, formula = POOLED_FIGURES[figure]
-    terms = np.array([[row_terms(row)[name] for name in names] for row in rows], dtype=float).reshape(-1, len(names))
+    terms = np.array([[row[name] for name in names] for row in terms_of_rows], dtype=float).reshape(-1, len(names))
     terms = terms[np.isfinite(terms).all(axis=1)]  # [n, terms]
     n = len(terms)
     value = formula(dict(zip(names, terms.sum(axis=0)))) if n else math.nan
     low = high = math.nan
     if n >= MIN_PROMPTS_FOR_INTERVAL:
-        totals = terms[bootstrap_indices(n)].sum(axis=1)  # [samples, terms]
+        totals = bootstrap_totals(terms)  # [samples, terms]
         low, high = interval(formula(dict(zip(names, totals.T))))
     return {"value": value, "ci_low": low, "ci_high": high, "prompts": n}
 
@@ -467,8 +485,8 @@ def pooled_per_position(rows: list[dict]) -> list[dict]:
     values = divide(accepted.sum(0), attempts.sum(0))  # [k]
     bounds = np.full((2, width), math.nan)
     if len(counted) >= MIN_PROMPTS_FOR_INTERVAL:
-        index = bootstrap_indices(len(counted))
-        samples = divide(accepted[index].sum(1), attempts[index].sum(1))  # [samples, k]
+        totals = bootstrap_totals(np.concatenate([accepted, attempts], axis=1))  # [samples, 2k]
+        samples = divide(totals[:, :width], totals[:, width:])  # [samples, k]
         bounds = np.array([interval(samples[:, i]) for i in range(width)]).T
     return [{"value": float(values[i]), "ci_low": float(bounds[0, i]), "ci_high": float(bounds[1, i]),
              "attempts": int(attempts[:, i].sum())} for i in range(width)]
@@ -484,9 +502,10 @@ def summed_histogram(rows: list[dict]) -> list[int]:
 def pooled(rows: list[dict]) -> dict:
     """The run's pooled figures (``POOLED_FIGURES``), each with its interval, per-position acceptance pooled with
     its counts, the summed accepted histogram, and the totals they rest on."""
-    totals = {name: math.fsum(finite_values(row_terms(row)[name] for row in rows))
+    terms_of_rows = [row_terms(row) for row in rows]
+    totals = {name: math.fsum(finite_values(terms[name] for terms in terms_of_rows))
               for name in ("emitted", "baseline_emitted", "spec_seconds", "baseline_seconds")}
-    return {**{figure: pooled_figure(rows, figure) for figure in POOLED_FIGURES},
+    return {**{figure: pooled_figure_of_terms(terms_of_rows, figure) for figure in POOLED_FIGURES},
             "per_position_acceptance": pooled_per_position(rows), "accepted_histogram": summed_histogram(rows),
             "emitted": int(totals["emitted"]), "baseline_emitted": int(totals["baseline_emitted"]),
             "spec_seconds": totals["spec_seconds"], "baseline_seconds": totals["baseline_seconds"]}
@@ -723,6 +742,7 @@ def parse_rows(data: bytes) -> tuple[list[tuple[int, object]], list[Piece]]:
 
 
 ROW_START = re.compile(r'\{\s*"')  # where a JSON object with a first key can begin
+SPACE = re.compile(r"\s*")
 
 
 def parse_line(line: str) -> tuple[list[dict], list[str]]:
@@ -746,7 +766,7 @@ def parse_line(line: str) -> tuple[list[dict], list[str]]:
             unparsed.append(text[torn_from:position].strip())
             torn_from = None
         rows.append(row)
-        position = len(text) - len(text[end:].lstrip())
+        position = SPACE.match(text, end).end()  # not text[end:].lstrip(): a copy of the rest per row is quadratic
     if torn_from is not None:
         unparsed.append(text[torn_from:].strip())
     return rows, unparsed
