@@ -439,7 +439,7 @@ def autocast_for(target: nn.Module):
 # Plot --------------------------------------------------------------------------------------------------------------
 
 def plot_tau(lines: list[dict], path: Path) -> None:
-    """tau against step, from the log's evaluation lines."""
+    """tau against step, from the log's evaluation lines: over every prefix, and walked as the loop walks."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -447,7 +447,12 @@ def plot_tau(lines: list[dict], path: Path) -> None:
 
     evaluations = [line for line in lines if "tau" in line]
     figure, axis = plt.subplots(figsize=(6, 3.5))
-    axis.plot([line["step"] for line in evaluations], [line["tau"] for line in evaluations], marker="o")
+    axis.plot([line["step"] for line in evaluations], [line["tau"] for line in evaluations], marker="o",
+              label="every prefix (SpecForge's figure)")
+    walked = [line for line in evaluations if line.get("walked_tau") is not None]
+    axis.plot([line["step"] for line in walked], [line["walked_tau"] for line in walked], marker="s",
+              label="walked (the loop's τ)")
+    axis.legend()
     axis.set_xlabel("step")
     axis.set_ylabel("simulated τ (held-out, greedy)")
     axis.grid(alpha=0.3)
@@ -534,7 +539,7 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
                                   "rng": torch.get_rng_state(), "best": best.__dict__, "seconds": seconds})
             barrier(ranks)
         if progress is not None:
-            progress(step, sum(recent) / len(recent), best.tau)
+            progress(step, sum(recent) / len(recent), best)
     check_ranks_agree(module, ranks)
     if log is not None:
         log.close()

@@ -7,13 +7,14 @@
     python -m experiments.measure_drafter --pair gpt2-xl-shaped --kind eagle --checkpoint untrained   # cost only
 
 Each of the first ``--prompts`` ``embedded_heldout`` prompts is decoded alone (batch 1) for ``--new-tokens`` tokens
-with EOS ignored (the loop goes on through it), at k = ``--k``: greedy (``Greedy``) at temperature 0, else speculative sampling (seed = the
-prompt's index). One JSON line: tau = emitted / target calls, per-position acceptance, acceptance rate, the cost
-ratio c (one draft forward / one target forward, timed in the same run), Leviathan's predicted speedup from the
-acceptance rate and c, and at temperature 0 the simulated tau (``specdec.distill``) on the target's greedy
-continuations of the same prompts, the figure training reports, and the walked tau (``walked_acceptance``): the same
-matches followed step by step as the loop takes them, which the loop's tau should equal. On a ``*-shaped`` pair (random weights) only the
-cost ratio means anything: ``--checkpoint untrained`` times a fresh EAGLE head of the default options there.
+with EOS ignored (the loop goes on through it), at k = ``--k``: greedy (``Greedy``) at temperature 0, else speculative
+sampling (seed = the prompt's index). One JSON line: tau = emitted / target calls, per-position acceptance, acceptance
+rate, the cost ratio c (one draft forward / one target forward, timed in the same run), Leviathan's predicted speedup
+from the acceptance rate and c, vLLM's acceptance length (``drafting_tau``: over the steps that drafted), and at
+temperature 0 the simulated tau (``specdec.distill``) on the target's greedy continuations of the same prompts, the
+figure training reports, and the walked tau (``walked_acceptance``): the same matches followed step by step as the
+loop takes them, which the loop's tau should equal. On a ``*-shaped`` pair (random weights) only the cost ratio means
+anything: ``--checkpoint untrained`` times a fresh EAGLE head of the default options there.
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ def measure(args: argparse.Namespace) -> dict:
     totals = stats.totals
     result = {"label": args.label or f"{args.kind}:{args.checkpoint}", "pair": args.pair, "kind": args.kind,
               "checkpoint": args.checkpoint, "temperature": args.temperature, "k": args.k, "prompts": len(texts),
-              "new_tokens": args.new_tokens, "tau": totals.mean_accepted_length, "per_position": totals.per_position,
+              "new_tokens": args.new_tokens, "tau": totals.mean_accepted_length, "drafting_tau": drafting_tau(totals),
+              "per_position": totals.per_position,
               "acceptance_rate": totals.acceptance_rate, "cost_ratio": stats.cost_ratio,
               "predicted_speedup": specdec.predicted_speedup(totals.acceptance_rate, args.k, stats.cost_ratio),
               "seconds": round(wall, 1), "threads": args.threads}
@@ -149,6 +151,13 @@ def measure(args: argparse.Namespace) -> dict:
         result.update(simulated_tau=found.tau, simulated_per_position=found.per_position,
                       walked_tau=found.walked_tau, walked_per_position=found.walked_per_position)
     return result
+
+
+def drafting_tau(totals) -> float:
+    """vLLM's mean acceptance length: 1 + drafts kept per step that drafted. Unlike tau it leaves out the steps that
+    drafted nothing (a head's prefill emits one token alone), as every per-position figure does."""
+    histogram = totals.steps_by_accepted  # [k + 1] steps that kept j drafts
+    return 1 + sum(j * count for j, count in enumerate(histogram)) / sum(histogram)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,8 +35,9 @@ from tqdm import tqdm
 
 from experiments import drafter_data as data_lib
 from experiments.config_checks import ConfigError, one_line
-from experiments.drafter_training import (KINDS, Checkpoints, Ranks, Settings, TrainingData, barrier, build_family,
-                                          frequent_tokens, heldout_batches, print_line, start_ranks, train)
+from experiments.drafter_training import (KINDS, Best, Checkpoints, Ranks, Settings, TrainingData, barrier,
+                                          build_family, frequent_tokens, heldout_batches, print_line, start_ranks,
+                                          train)
 from specdec.checkpoints import target_identity
 from specdec.distill import DIVERGENCES
 from specdec.models import DTYPES, ModelUnavailableError, load_pair, plan_pair
@@ -328,9 +329,11 @@ def run(plan: Plan, texts: Texts) -> None:
     bar = tqdm(total=plan.settings.steps, initial=start, disable=not ranks.main, dynamic_ncols=True,
                desc=f"train {plan.kind}")
 
-    def progress(step: int, loss: float, tau: float) -> None:
+    def progress(step: int, loss: float, best: Best) -> None:
         bar.update(step - bar.n)
-        bar.set_postfix(loss=f"{loss:.4f}", tau=f"{tau:.3f}" if tau > 0 else "-", refresh=False)
+        walked = "-" if best.walked_tau is None else f"{best.walked_tau:.3f}"
+        bar.set_postfix(loss=f"{loss:.4f}", tau=f"{best.tau:.3f}" if best.tau > 0 else "-", loop_tau=walked,
+                        refresh=False)
 
     outcome = train(plan.settings, family, target, TrainingData(sequences, hidden.values),
                     heldout, plan.out, ranks, plan.logger, info, progress)

@@ -44,6 +44,15 @@ def test_the_medusa_heads_reach_their_acceptance_in_the_loop(measured):
     assert measured["medusa"]["tau"] >= 2.2, measured["medusa"]
 
 
+def test_training_walks_the_held_out_data_as_the_loop_does(measured):
+    """The walked tau is the loop's exactly; vLLM's acceptance length leaves out the prefill step, which drafts
+    nothing and emits one token, so it lies above tau by about (tau - 1) / target calls per prompt."""
+    for kind, found in measured.items():
+        assert found["walked_tau"] == pytest.approx(found["tau"], abs=1e-9), (kind, found)
+        calls = 64 / found["tau"]  # target calls per prompt of 64 new tokens
+        assert found["drafting_tau"] == pytest.approx((64 - 1) / (calls - 1), rel=1e-9), (kind, found)
+
+
 def test_each_shipped_head_names_the_embedded_target_and_is_half_precision():
     target = load_pair("embedded", device="cpu", dtype="float32").target
     for kind in ("eagle", "medusa"):
