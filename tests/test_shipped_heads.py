@@ -41,16 +41,18 @@ def test_the_eagle_head_reaches_its_acceptance_in_the_loop(measured):
 
 
 def test_the_medusa_heads_reach_their_acceptance_in_the_loop(measured):
-    assert measured["medusa"]["tau"] >= 2.2, measured["medusa"]
+    assert measured["medusa"]["tau"] >= 2.6, measured["medusa"]
 
 
 def test_training_walks_the_held_out_data_as_the_loop_does(measured):
-    """The walked tau is the loop's exactly; vLLM's acceptance length leaves out the prefill step, which drafts
-    nothing and emits one token, so it lies above tau by about (tau - 1) / target calls per prompt."""
+    """The walked tau is the loop's exactly. vLLM's acceptance length counts the steps that drafted: all but the
+    prefill step, which emits one token of a prompt's 64. Each such step kept its accepted drafts and a bonus token,
+    except that the last one may be cut short by up to k = 4 tokens, so per prompt
+    63 <= drafting_tau x (target calls - 1) <= 63 + 4."""
     for kind, found in measured.items():
         assert found["walked_tau"] == pytest.approx(found["tau"], abs=1e-9), (kind, found)
-        calls = 64 / found["tau"]  # target calls per prompt of 64 new tokens
-        assert found["drafting_tau"] == pytest.approx((64 - 1) / (calls - 1), rel=1e-9), (kind, found)
+        kept = found["drafting_tau"] * (64 / found["tau"] - 1)  # per prompt: tokens the drafting steps kept
+        assert 63 - 1e-9 <= kept <= 63 + 4 + 1e-9, (kind, kept, found)
 
 
 def test_each_shipped_head_names_the_embedded_target_and_is_half_precision():
