@@ -11,7 +11,8 @@ from test_analysis import make_row, write_run
 from analysis import load_runs, summarize_runs
 from analysis.report import main as report_main
 from experiments.runner import format_table
-from specdec.results import MIN_PROMPTS_FOR_INTERVAL, pooled, pooled_figure, summarize_rows, too_short
+from specdec.results import (BOOTSTRAP_SAMPLES, MIN_PROMPTS_FOR_INTERVAL, bootstrap_totals, pooled, pooled_figure,
+                             summarize_rows, too_short)
 
 
 def timed_row(prompt_id, spec_seconds, baseline_seconds, emitted, baseline_emitted=None, batch_size=1, **counts):
@@ -120,3 +121,19 @@ def test_the_report_names_the_prompts_too_short_to_time(tmp_path):
     report = (run / "report.md").read_text()
     assert "- **Too short to time:** 1 of 4 (run, prompt) rows" in report
     assert "strategy=speculative, k=4: tiny" in report
+
+
+@pytest.mark.parametrize("n", [30, 5000])  # 5000: several resamples per draw, and resamples split across draws
+def test_bootstrap_totals_resample_the_rows_with_replacement(n):
+    """Each resample's totals are n rows drawn with replacement: their mean over resamples is the column totals,
+    their spread sqrt(n) times the rows' standard deviation (the multinomial's), and a constant column stays n x it."""
+    import numpy as np
+
+    values = np.stack([np.random.default_rng(1).exponential(size=n), np.full(n, 2.0)], axis=1)  # [n, 2]
+    totals = bootstrap_totals(values)  # [samples, 2]
+    assert totals.shape == (BOOTSTRAP_SAMPLES, 2)
+    spread = math.sqrt(n) * values[:, 0].std()
+    assert abs(totals[:, 0].mean() - values[:, 0].sum()) < 4 * spread / math.sqrt(BOOTSTRAP_SAMPLES)
+    assert totals[:, 0].std() == pytest.approx(spread, rel=0.1)
+    assert np.allclose(totals[:, 1], 2.0 * n)
+    assert np.array_equal(bootstrap_totals(values), totals)  # seeded
