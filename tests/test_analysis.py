@@ -469,6 +469,7 @@ def test_report_defaults_to_the_first_dir_and_handles_a_single_run(tmp_path):
     assert "A single setting was run" in report
 
 
+@pytest.mark.slow
 def test_report_script_reports_a_bad_path_in_one_line(tmp_path):
     missing = tmp_path / "missing"
     result = subprocess.run([sys.executable, "-m", "analysis.report", str(missing)], cwd=REPO,

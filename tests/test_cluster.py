@@ -50,6 +50,7 @@ def job_logs(sweep_dir: Path) -> str:
 
 # The SLURM preset ------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_slurm_preset_composes_with_partition_account_and_time_from_overrides():
     done = subprocess.run([sys.executable, "-m", "experiments.run", "hydra/launcher=slurm",
                            "hydra.launcher.partition=gpu", "hydra.launcher.account=proj",
@@ -63,6 +64,7 @@ def test_slurm_preset_composes_with_partition_account_and_time_from_overrides():
     assert launcher["max_num_timeout"] == 3 and launcher["submitit_folder"] == "${hydra.sweep.dir}/.submitit/%j"
 
 
+@pytest.mark.slow
 def test_slurm_sweep_submits_one_array_with_one_gpu_per_job(tmp_path):
     """The real launcher and submitit up to the sbatch call: a stand-in sbatch keeps the script it is given and
     refuses it, so nothing runs; the script is what SLURM would have received."""
@@ -191,6 +193,7 @@ def test_killed_job_run_again_continues_and_decodes_each_prompt_once(tmp_path):
 
 # Failed jobs are named, with any launcher ----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_failed_job_is_named_in_the_report_and_the_sweep_exits_with_its_status(tiny, tmp_path, monkeypatch, capfd):
     """A job that fails records its error and returns, so the other jobs run and the report is written; a run of
     the same job that succeeds clears the mark. (The failure is one the sweep's check cannot see before the job
@@ -220,6 +223,7 @@ def test_failed_job_is_named_in_the_report_and_the_sweep_exits_with_its_status(t
     assert "Failed job" not in (sweep_dir / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_job_that_raises_is_recorded_with_exit_1_and_its_traceback(tiny, tmp_path, monkeypatch, capfd):
     """Not a config error (those exit 2 before any model loads): an error inside the decode loop."""
     import specdec
@@ -240,6 +244,7 @@ def test_a_job_that_raises_is_recorded_with_exit_1_and_its_traceback(tiny, tmp_p
     assert "Traceback" in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_default_launcher_is_sequential_and_reports_every_sweep(tiny, tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
 

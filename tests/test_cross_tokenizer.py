@@ -310,6 +310,7 @@ def test_tli_keeps_the_target_distribution_at_temperature_one():
     assert made[0].stats.target_tokens == made[0].stats.draft_tokens > 0 and made[0].stats.no_shared_mass == 0
 
 
+@pytest.mark.slow
 def test_point_masses_where_the_filtered_draft_has_no_shared_mass_stay_exact():
     """top_k=2 leaves the draft's mass wholly on draft-only tokens at some steps: those propose a point mass."""
     made = []

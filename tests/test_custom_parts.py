@@ -59,6 +59,7 @@ def walkthrough(tmp_path, monkeypatch) -> list[list[str]]:
     return files_and_commands(tmp_path)
 
 
+@pytest.mark.slow
 def test_the_walkthrough_runs_as_written_and_its_report_names_the_parts(walkthrough, tiny, tmp_path, monkeypatch):
     by_target, by_targets, sweep = walkthrough
     assert sweep[0] == "-m" and "hydra.searchpath=[file://my_configs]" in sweep

@@ -153,6 +153,7 @@ def test_known_options_and_other_keys_pass(argv):
     assert check_group_options(argv, CONFIGS) is None
 
 
+@pytest.mark.slow
 def test_an_unknown_option_from_the_command_line_is_one_line_and_exit_2(tiny, tmp_path):
     done = subprocess.run([sys.executable, "-m", "experiments.run", "sampling=t2", *tiny_overrides(tiny),
                            f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True, text=True,

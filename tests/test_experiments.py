@@ -152,6 +152,7 @@ def test_k8_and_identical_pair_accepts_everything_at_temperature_0(tiny, tmp_pat
         assert row["predicted_speedup"] is not None
 
 
+@pytest.mark.slow
 def test_issue_sweep_strategy_by_k_in_process(tiny, tmp_path, monkeypatch):
     """The issue's sweep shape, `-m strategy=greedy,speculative draft_length.k=...`, through Hydra's sweeper."""
     sweep_dir = tmp_path / "sweep"
@@ -171,6 +172,7 @@ def test_issue_sweep_strategy_by_k_in_process(tiny, tmp_path, monkeypatch):
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 4
 
 
+@pytest.mark.slow
 def test_every_drafter_and_draft_length_policy_runs_through_the_app(tiny, tmp_path, monkeypatch):
     """Each drafter and policy option is built by the runner (with the models it asks for) and decodes."""
     sweep_dir = tmp_path / "sweep"
@@ -198,6 +200,7 @@ def test_issue_sweep_as_a_subprocess(tiny, tmp_path):
     assert sorted(len(rows_of(sweep_dir / str(n))) for n in range(4)) == [2, 2, 2, 2]
 
 
+@pytest.mark.slow
 def test_sweep_skips_greedy_strategy_when_sampling(tiny, tmp_path, monkeypatch, capsys, loads):
     sweep_dir = tmp_path / "sweep"
     overrides = tiny_overrides(tiny, num_prompts=1, max_new_tokens=4, warmup=0)

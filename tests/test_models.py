@@ -160,6 +160,7 @@ def test_gpt2_tokenizer_is_the_real_one_offline():
     assert tokenizer.decode(tokenizer(text).input_ids) == text
 
 
+@pytest.mark.slow
 def test_shaped_pair_loads_offline_with_the_presets_options():
     """The smallest preset built for real (the others differ only in the target's shape, checked above)."""
     pair = specdec.load_pair("gpt2-medium-shaped", device="cpu", dtype="bfloat16")

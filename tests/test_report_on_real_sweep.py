@@ -4,10 +4,13 @@ by analysis/, rendered to Markdown and PNGs."""
 import sys
 from pathlib import Path
 
+import pytest
+
 from analysis import load_runs, summarize_runs
 from analysis import report
 
 
+@pytest.mark.slow
 def test_report_on_a_real_embedded_sweep(tmp_path, monkeypatch):
     from experiments import run as run_app
 

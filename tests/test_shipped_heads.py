@@ -34,16 +34,19 @@ def measured(tmp_path_factory) -> dict:
          "--data-dir", str(data_dir)])) for kind in ("eagle", "medusa")}
 
 
+@pytest.mark.slow
 def test_the_eagle_head_reaches_its_acceptance_in_the_loop(measured):
     eagle = measured["eagle"]
     assert eagle["tau"] >= 3.5, eagle
     assert abs(eagle["simulated_tau"] - eagle["tau"]) / eagle["tau"] <= 0.10, eagle
 
 
+@pytest.mark.slow
 def test_the_medusa_heads_reach_their_acceptance_in_the_loop(measured):
     assert measured["medusa"]["tau"] >= 2.6, measured["medusa"]
 
 
+@pytest.mark.slow
 def test_training_walks_the_held_out_data_as_the_loop_does(measured):
     """The walked tau is the loop's exactly. vLLM's acceptance length counts the steps that drafted: all but the
     prefill step, which emits one token of a prompt's 64. Each such step kept its accepted drafts and a bonus token,

@@ -56,6 +56,7 @@ def dry_run_command() -> list[str]:
     return shlex.split(line)[3:]
 
 
+@pytest.mark.slow
 def test_the_gpt2_xl_dry_run_as_documented_passes_every_jobs_check_on_a_cpu(tmp_path, monkeypatch):
     """Every job of the documented dry run is checked (a CPU machine: the preset's device=cuda would fail them all)
     and launched; the jobs themselves are replaced by a recorder here (each would build GPT-2 XL's shapes)."""

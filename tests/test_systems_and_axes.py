@@ -24,6 +24,7 @@ from specdec.prompts import load_prompts, load_suite
 # --- transformers as a system --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ours_against_hf_assisted_at_the_same_algorithm_is_a_report_table(tiny, tmp_path, monkeypatch):
     """`-m system=specdec,hf_assisted draft_length.k=2,4`: four runs on the same prompts; transformers' greedy tokens
     equal our baseline's, its rows name its settings, and the report compares the systems per k."""
@@ -124,6 +125,7 @@ def test_an_overridden_sampling_preset_is_labelled_by_its_values(tiny, tmp_path)
     assert rows_of(run_dir)[0]["sampling"] == "T=0.7, top_p=0.9"
 
 
+@pytest.mark.slow
 def test_a_temperature_sweep_s_report_has_temperature_on_its_axis(tiny, tmp_path, monkeypatch):
     sweep_dir = tmp_path / "sweep"
     main(["-m", "sampling=t1", "sampling.temperature=0.5,1.0", *tiny_overrides(tiny, num_prompts=3, max_new_tokens=6,
@@ -203,6 +205,7 @@ def test_a_suite_run_reports_acceptance_tau_and_speedup_per_category(tiny, tmp_p
 # --- run identity (issue 35) ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_sweep_over_the_forward_is_two_settings_in_the_report(tiny, tmp_path, monkeypatch):
     """`-m drafter=dynamic_tree forward=lean,transformers`: rows record the forward, so the report tells the two runs
     apart instead of merging them into one "strategy=speculative, k=4"."""

@@ -208,6 +208,7 @@ def test_a_draft_distilled_on_its_own_samples_loads_through_model_drafter(tiny_p
         specdec.ModelDrafter.from_pair(other, checkpoint=str(run_dir / "drafter"))
 
 
+@pytest.mark.slow
 def test_a_kill_9_mid_run_resumes_to_the_same_loss_curve(tiny_pair, tmp_path, monkeypatch):
     settings = dict(steps=150, eval_every=25, checkpoint_every=25, batch_size=4)
     whole, killed = tmp_path / "whole", tmp_path / "killed"
@@ -240,6 +241,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_under_torchrun_train_what_one_process_does(tiny_pair, tmp_path, monkeypatch):
     settings = dict(steps=20, eval_every=10, batch_size=4)
     single, parallel = tmp_path / "single", tmp_path / "parallel"

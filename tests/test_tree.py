@@ -156,6 +156,7 @@ def test_nodewise_rules_accept_the_first_child_that_passes_their_own_test(strate
         assert verdict.path.tolist() == [[first]] and verdict.num_accepted.tolist() == [int(first > 0)]
 
 
+@pytest.mark.slow
 def test_the_public_check_on_its_own_models():
     assert check_lossless(Speculative()).lossless
     assert not check_lossless(Speculative(lenience=0.3)).lossless
@@ -253,6 +254,7 @@ def test_the_public_check_gives_the_same_verdict(small_pair, rule, lossless):
     assert report.p_value == pytest.approx(p_value) and report.lossless is lossless
 
 
+@pytest.mark.slow
 def test_a_sweep_of_chains_and_trees_records_the_shape_and_reports_them_side_by_side(tmp_path, monkeypatch):
     import sys
     from pathlib import Path
