@@ -23,6 +23,7 @@ from specdec.results import (
     pooled,
     too_short,
 )
+from specdec.stats import vllm_acceptance_length
 
 # A run's predicted speedup is recomputed from its mean acceptance rate and mean cost ratio, not averaged.
 SUMMARIZED_METRICS = tuple(metric for metric in INTERVAL_METRICS if metric != "predicted_speedup")
@@ -129,14 +130,6 @@ def none_for_nan(value):
 def mean_of(values) -> float:
     found = finite_values(values)
     return sum(found) / len(found) if found else math.nan
-
-
-def vllm_acceptance_length(histogram: object) -> float:
-    """vLLM's mean acceptance length of one row, 1 + sum_j j h_j / sum_j h_j (over the steps that drafted); NaN
-    without a histogram or a step that drafted."""
-    if not isinstance(histogram, list) or not sum(histogram):
-        return math.nan
-    return 1 + sum(j * count for j, count in enumerate(histogram)) / sum(histogram)
 
 
 def constant_columns(frame: pd.DataFrame) -> list[str]:

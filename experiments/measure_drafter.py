@@ -37,7 +37,7 @@ from specdec.eagle import EagleDrafter
 from specdec.heads import EagleHead, MedusaHeads
 from specdec.models import EMBEDDED_DIR, PRESETS, load_pair
 from specdec.prompts import load_prompts
-from specdec.stats import DecodeStats
+from specdec.stats import DecodeStats, vllm_acceptance_length
 
 KINDS = ("eagle", "medusa", "model")
 SUMMED = ("draft_forwards", "target_forwards", "draft_seconds", "target_seconds", "wall_seconds", "ttft_seconds",
@@ -137,7 +137,7 @@ def measure(args: argparse.Namespace) -> dict:
     totals = stats.totals
     result = {"label": args.label or f"{args.kind}:{args.checkpoint}", "pair": args.pair, "kind": args.kind,
               "checkpoint": args.checkpoint, "temperature": args.temperature, "k": args.k, "prompts": len(texts),
-              "new_tokens": args.new_tokens, "tau": totals.mean_accepted_length, "drafting_tau": drafting_tau(totals),
+              "new_tokens": args.new_tokens, "tau": totals.mean_accepted_length, "drafting_tau": vllm_acceptance_length(totals.steps_by_accepted),
               "per_position": totals.per_position,
               "acceptance_rate": totals.acceptance_rate, "cost_ratio": stats.cost_ratio,
               "predicted_speedup": specdec.predicted_speedup(totals.acceptance_rate, args.k, stats.cost_ratio),
@@ -151,13 +151,6 @@ def measure(args: argparse.Namespace) -> dict:
         result.update(simulated_tau=found.tau, simulated_per_position=found.per_position,
                       walked_tau=found.walked_tau, walked_per_position=found.walked_per_position)
     return result
-
-
-def drafting_tau(totals) -> float:
-    """vLLM's mean acceptance length: 1 + drafts kept per step that drafted. Unlike tau it leaves out the steps that
-    drafted nothing (a head's prefill emits one token alone), as every per-position figure does."""
-    histogram = totals.steps_by_accepted  # [k + 1] steps that kept j drafts
-    return 1 + sum(j * count for j, count in enumerate(histogram)) / sum(histogram)
 
 
 def main(argv: list[str] | None = None) -> None:

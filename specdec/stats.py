@@ -124,6 +124,14 @@ class DecodeStats:
         return ratio(self.wall_seconds - self.ttft_seconds, tokens_after_first) if tokens_after_first > 0 else math.nan
 
 
+def vllm_acceptance_length(histogram: object) -> float:
+    """vLLM's mean acceptance length of one row, 1 + sum_j j h_j / sum_j h_j (over the steps that drafted); NaN
+    without a histogram or a step that drafted."""
+    if not isinstance(histogram, list) or not sum(histogram):
+        return math.nan
+    return 1 + sum(j * count for j, count in enumerate(histogram)) / sum(histogram)
+
+
 def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:
     """Leviathan et al. (2023) eq. 1, expected walltime improvement, in the form that also holds at alpha = 1:
 
