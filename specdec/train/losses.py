@@ -90,7 +90,7 @@ def eagle_passes(head: EagleHead, target: nn.Module, batch: TrainingBatch, passe
     forward = head.lean(target)
     batch_size, length = batch.tokens.shape
     device = batch.tokens.device
-    keys, values = forward.new_buffers(batch_size, passes * length, device, forward.family.dtype)
+    keys, values = forward.new_buffers(batch_size, passes * length, device)
     key_buffer, value_buffer = keys[0], values[0]
     positions = torch.arange(length, device=device).expand(batch_size, -1)  # [B, T]
     next_tokens = torch.cat([batch.tokens[:, 1:], batch.tokens[:, -1:]], 1)  # [B, T] the token after each position
