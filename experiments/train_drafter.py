@@ -33,7 +33,6 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specdec.train import corpus as corpus_lib
 from specdec.train import data as data_lib
 from experiments.config_checks import ConfigError, one_line
 from specdec.train.loop import (KINDS, Best, Checkpoints, Ranks, Settings, TrainingData, barrier,
@@ -233,9 +232,9 @@ def read_texts(plan: Plan) -> Texts:
     corpus too small for the data asked is refused here."""
     tokenizer = plan_pair(**plan.pair).tokenizer
     try:
-        corpus = corpus_lib.read_corpus(plan.data.corpus, plan.data.heldout_fraction)
+        corpus = plan.data.read_corpus()
         openings = plan.data.openings(corpus, tokenizer)
-        prompts = corpus_lib.heldout_prompts(corpus, tokenizer, plan.heldout["first"], plan.heldout["count"])
+        prompts = plan.data.heldout_texts(corpus, tokenizer, plan.heldout["first"], plan.heldout["count"])
     except (ValueError, OSError) as err:
         raise ConfigError(f"data: {one_line(err)}") from None
     return Texts(openings, prompts)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import REPO, WORDS
 from llama_dirs import save_tiny_llama
 from test_experiments import compose_run, rows_of
@@ -69,3 +70,80 @@ def test_the_run_app_decodes_losslessly_with_the_head_on_the_directory(own, head
     assert len(rows) == 3 and {(row["pair"], row["drafter"]) for row in rows} == {("TinyLlama-Instruct", "eagle")}
     assert all(row["identical_output"] is True and row["emitted"] == 10 for row in rows)
     assert sum(row["drafted"] for row in rows) > 0
+
+
+def chat_file(own: dict, count: int = 40) -> str:
+    """Conversations in the tiny tokenizer's words: a system turn on some, an earlier assistant turn on others."""
+    rng = random.Random(1)
+    path = own["root"] / "conversations.jsonl"
+    with path.open("w") as file:
+        for i in range(count):
+            turns = [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8)))}]
+            if i % 3 == 0:
+                turns = [{"role": "system", "content": "you are the one"}, *turns]
+            if i % 4 == 1:
+                turns = [*turns, {"role": "assistant", "content": "the end"}]
+            file.write(json.dumps({"messages": turns}) + "\n")
+    return str(path)
+
+
+def test_chat_data_is_the_targets_replies_in_its_own_template(own, tmp_path, monkeypatch):
+    """data=chat: each training sequence is a conversation in the tokenizer's chat template, ending in its
+    generation prompt, followed by the target's own greedy reply, which alone is trained on."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdec.train.chat import ChatConversations
+    from specdec.train.data import read_sequences
+
+    conversations = chat_file(own)
+    run_dir = tmp_path / "run"
+    train([f"pair.target={own['target']}", "drafter=eagle", "steps=2", "data=chat",
+           *small_training(own, run_dir, f"data.corpus={conversations}", "data.prompt_tokens=[1,64]",
+                           "data.num_prompts=16")], monkeypatch)
+    assert read_drafter_config(run_dir / "drafter", "eagle")["training"]["data"]["kind"] == "ChatConversations"
+
+    tokenizer = AutoTokenizer.from_pretrained(own["target"])
+    target = AutoModelForCausalLM.from_pretrained(own["target"]).eval()
+    spec = ChatConversations(corpus=conversations, num_prompts=16, new_tokens=8, prompt_tokens=(1, 64),
+                             heldout_fraction=0.1, shard_size=8)
+    first = json.loads(spec.read_corpus().train[0])
+    last_user = max(i for i, turn in enumerate(first) if turn["role"] == "user")
+    prompt = tokenizer.apply_chat_template(first[:last_user + 1], add_generation_prompt=True, tokenize=False)
+    assert prompt.endswith("<assistant> ") and "the end" not in prompt  # a trailing assistant turn is the target's
+    [directory] = [d for d in (own["root"] / "data").iterdir() if d.name.startswith("chatconversations")]
+    sequences = read_sequences(directory, 16, 8)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    assert sequences.tokens[0, :len(ids)].tolist() == ids
+    reply = target.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                            pad_token_id=tokenizer.pad_token_id)[0, len(ids):].tolist()
+    assert sequences.tokens[0, len(ids):len(ids) + 8].tolist() == reply
+    assert sequences.counts[0].nonzero().flatten().tolist() == list(range(len(ids) - 1, len(ids) + 7))
+
+
+def test_continuations_of_ones_own_train_on_the_completions(own, tmp_path, monkeypatch):
+    from specdec.train.chat import Continuations
+
+    rng = random.Random(2)
+    path = tmp_path / "continuations.jsonl"
+    with path.open("w") as file:
+        for i in range(30):
+            words = [rng.choice(WORDS) for _ in range(12)]
+            record = {"prompt": " ".join(words[:5]), "completion": " " + " ".join(words[5:])} if i % 2 else \
+                {"prompt_ids": [10 + i % 7, 20, 30], "completion_ids": [40, 41, 42, 43]}
+            file.write(json.dumps(record) + "\n")
+    spec = Continuations(source=str(path), num_sequences=12, length=16, heldout_fraction=0.2, shard_size=4)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(own["target"])
+    openings = spec.openings(spec.read_corpus(), tokenizer)
+    shard = spec.write_shard({}, openings, 0, 1)
+    for (prompt_length, *ids), tokens, counts in zip(openings, shard.tokens, shard.counts):
+        assert tokens[:len(ids)].tolist() == ids
+        assert counts.nonzero().flatten().tolist() == list(range(prompt_length - 1, len(ids) - 1))
+    run_dir = tmp_path / "run"
+    train([f"pair.target={own['target']}", "drafter=eagle", "steps=2", "data=continuations",
+           f"data.source={path}", "data.num_sequences=12", "data.length=16", "data.heldout_fraction=0.2",
+           "data.shard_size=4", "heldout.first=0", "heldout.count=4", "heldout.new_tokens=8", "batch_size=4",
+           "device=cpu", "dtype=float32", "threads=1", f"data_dir={tmp_path / 'data'}", f"hydra.run.dir={run_dir}"],
+          monkeypatch)
+    assert read_drafter_config(run_dir / "drafter", "eagle")["training"]["data"]["kind"] == "Continuations"

@@ -33,7 +33,7 @@ from torch import nn
 
 from specdec.api import generate
 from specdec.checkpoints import target_identity
-from specdec.train.corpus import Corpus, check_corpus
+from specdec.train.corpus import Corpus, check_corpus, heldout_prompts, read_corpus
 from specdec.train.files import save_tensors
 
 HIDDEN_MODES = ("auto", "cache", "recompute")
@@ -88,6 +88,14 @@ class DataSpec:
                     ) -> Sequences:
         """The sequences of ``openings``: ``models`` by role, ``seed`` the shard's, ``pad_id`` right-pads."""
         raise NotImplementedError
+
+    def read_corpus(self) -> Corpus:
+        """The documents the spec draws from (its ``corpus``), split into training and held-out ones."""
+        return read_corpus(self.corpus, self.heldout_fraction)
+
+    def heldout_texts(self, corpus: Corpus, tokenizer, first: int, count: int) -> list[str]:
+        """Held-out prompts ``first`` .. ``first + count - 1``, which the target continues greedily to measure on."""
+        return heldout_prompts(corpus, tokenizer, first, count)
 
 
 @dataclass(frozen=True)
