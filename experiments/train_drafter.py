@@ -37,7 +37,7 @@ from specdec.train import data as data_lib
 from experiments.config_checks import ConfigError, one_line
 from specdec.train.loop import (KINDS, Best, Checkpoints, Ranks, Settings, TrainingData, barrier,
                                           build_family, frequent_tokens, heldout_batches, print_line, start_ranks,
-                                          train)
+                                          train, vocabulary_coverage)
 from specdec.checkpoints import target_identity
 from specdec.train.losses import DIVERGENCES
 from specdec.models import DTYPES, ModelUnavailableError, load_pair, plan_pair
@@ -302,7 +302,7 @@ def run(plan: Plan, texts: Texts) -> None:
     say(f"target: {target_identity(target).describe()}; training drafter={plan.kind} with "
         f"loss={plan.settings.divergence} into {plan.out}")
     directory, sequences = write_data(plan, pair, texts.openings, ranks, say)
-    draft_ids = None
+    draft_ids, coverage, heldout_coverage = None, None, None  # the held-out coverage is measured on the main rank
     if plan.draft_vocab is not None:
         draft_ids, coverage = frequent_tokens(sequences, plan.draft_vocab)
         say(f"draft vocabulary: the {len(draft_ids)} most frequent tokens, {coverage:.1%} of the trained-on tokens")
@@ -318,10 +318,15 @@ def run(plan: Plan, texts: Texts) -> None:
                                                  target, plan.heldout["new_tokens"])
         heldout = heldout_batches(heldout_sequences, family, target, next(target.parameters()).device,
                                   plan.settings.eval_batch_size)
+        if draft_ids is not None:
+            heldout_coverage = vocabulary_coverage(draft_ids, heldout_sequences)
+            say(f"draft vocabulary: {heldout_coverage:.1%} of the held-out tokens (the target's greedy ones) are "
+                f"inside it, a ceiling on a_1")
     barrier(ranks)
     info = {"data": {"kind": type(plan.data).__name__, **asdict(plan.data)}, "loss": plan.settings.divergence,
             "steps": plan.settings.steps, "batch_size": plan.settings.batch_size, "lr": plan.settings.lr,
-            "draft_vocab": plan.draft_vocab, "hidden_states": hidden.reason,
+            "draft_vocab": plan.draft_vocab, "draft_vocab_coverage": None if draft_ids is None else
+            {"trained_on": coverage, "heldout": heldout_coverage}, "hidden_states": hidden.reason,
             "config": {"drafter": plan.config["drafter"]}}
     if ranks.main:
         plan.logger.start(run_id(plan.out), plan.out.name, plan.out.name, plan.config, plan.out)

@@ -147,3 +147,20 @@ def test_continuations_of_ones_own_train_on_the_completions(own, tmp_path, monke
            "device=cpu", "dtype=float32", "threads=1", f"data_dir={tmp_path / 'data'}", f"hydra.run.dir={run_dir}"],
           monkeypatch)
     assert read_drafter_config(run_dir / "drafter", "eagle")["training"]["data"]["kind"] == "Continuations"
+
+
+def test_the_draft_vocabulary_coverage_of_the_held_out_tokens_is_logged_and_kept(own, tmp_path, monkeypatch, capsys):
+    from safetensors.torch import load_file
+
+    run_dir = tmp_path / "run"
+    train([f"pair.target={own['target']}", "drafter=eagle", "steps=2", "drafter.draft_vocab=12",
+           *small_training(own, run_dir)], monkeypatch)
+    coverage = read_drafter_config(run_dir / "drafter", "eagle")["training"]["draft_vocab_coverage"]
+    draft_ids = set(load_file(str(run_dir / "drafter" / "weights.safetensors"))["draft_ids"].tolist())
+    [held] = (own["root"] / "data" / "heldout").iterdir()
+    saved = load_file(str(held))
+    following = saved["tokens"].long().roll(-1, 1)[saved["counts"].bool()].tolist()  # the target's greedy tokens
+    assert len(draft_ids) == 12 and coverage["heldout"] == pytest.approx(
+        sum(token in draft_ids for token in following) / len(following), abs=1e-12)
+    assert 0 < coverage["heldout"] < 1 and 0 < coverage["trained_on"] < 1  # 12 of 78 tokens cover neither wholly
+    assert f"{coverage['heldout']:.1%} of the held-out tokens" in capsys.readouterr().err

@@ -202,6 +202,14 @@ def frequent_tokens(sequences: Sequences, size: int) -> tuple[list[int], float]:
     return sorted(top.tolist()), float(frequency[top].sum() / following.numel())
 
 
+def vocabulary_coverage(draft_ids: list[int], sequences: Sequences) -> float:
+    """The fraction of ``sequences``' counted next tokens (held-out ones: the target's greedy continuations) inside
+    the draft vocabulary ``draft_ids``: a ceiling on a_1, since a token outside it is never drafted."""
+    following = sequences.tokens.roll(-1, 1)[sequences.counts]  # [P]
+    inside = torch.isin(following, torch.tensor(draft_ids, device=following.device))  # [P]
+    return float(inside.float().mean()) if following.numel() else float("nan")
+
+
 # Batches -----------------------------------------------------------------------------------------------------------
 
 @dataclass
