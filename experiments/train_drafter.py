@@ -353,7 +353,7 @@ def write_data(plan: Plan, pair, openings: list[list[int]], ranks: Ranks, say) -
     writers = {"target": pair.target, "draft": pair.draft}
     models = {"target": pair.target} if plan.data.writer != "draft" else writers
     directory = data_lib.data_directory(plan.data_dir, plan.data, models, pair.tokenizer)
-    bar = tqdm(desc="data shards", disable=not ranks.main, dynamic_ncols=True)
+    bar = tqdm(desc="data sequences", unit="seq", disable=not ranks.main, dynamic_ncols=True)
     data_lib.write_sequences(directory, plan.data, openings, pair.tokenizer, writers, ranks.rank, ranks.world,
                              progress_of(bar))
     bar.close()

@@ -164,3 +164,28 @@ def test_the_draft_vocabulary_coverage_of_the_held_out_tokens_is_logged_and_kept
         sum(token in draft_ids for token in following) / len(following), abs=1e-12)
     assert 0 < coverage["heldout"] < 1 and 0 < coverage["trained_on"] < 1  # 12 of 78 tokens cover neither wholly
     assert f"{coverage['heldout']:.1%} of the held-out tokens" in capsys.readouterr().err
+
+
+def test_a_shard_written_chunk_by_chunk_is_one_calls_bits_and_the_bar_moves_inside_it(own, tmp_path, monkeypatch):
+    """Sampled continuations, shards of 10 written in chunks of 4: the bits of one continuations call per shard,
+    and the progress reports every chunk in sequences against the total known from the start."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdec.train import data as data_lib
+
+    monkeypatch.setattr(data_lib, "GENERATION_BATCH", 4)
+    tokenizer = AutoTokenizer.from_pretrained(own["target"])
+    target = AutoModelForCausalLM.from_pretrained(own["target"]).eval()
+    spec = data_lib.TargetContinuations(corpus=own["corpus"], num_prompts=13, new_tokens=5, temperature=1.0,
+                                        prompt_tokens=(3, 6), shard_size=10, seed=7)
+    openings = spec.openings(spec.read_corpus(), tokenizer)
+    reports = []
+    data_lib.write_sequences(tmp_path, spec, openings, tokenizer, {"target": target},
+                             progress=lambda done, total: reports.append((done, total)))
+    assert reports == [(0, 13), (4, 13), (8, 13), (10, 13), (13, 13)]
+    written = data_lib.read_sequences(tmp_path, 13, 10)
+    for index, first in enumerate((0, 10)):
+        whole = data_lib.continuations(target, openings[first:first + 10], 5, 1.0, spec.width,
+                                       7 * 1_000_003 + index, tokenizer.pad_token_id, batch_size=4)
+        assert torch.equal(written.tokens[first:first + 10], whole.tokens)
+        assert torch.equal(written.counts[first:first + 10], whole.counts)

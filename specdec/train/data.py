@@ -51,6 +51,11 @@ def check_count(name: str, value: object, low: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
+# Openings generated per batch. A shard is written in chunks of this many, each with the shard's seed plus its
+# index (what ``continuations`` gives the batch itself), so the rows are the bits one call writes and the progress
+# bar moves inside a shard.
+GENERATION_BATCH = 64
+
 
 @dataclass(frozen=True)
 class Sequences:
@@ -210,7 +215,7 @@ def check_prompt_tokens(prompt_tokens: object) -> tuple[int, int]:
 
 @torch.no_grad()
 def continuations(model: nn.Module, openings: list[list[int]], new_tokens: int, temperature: float, width: int,
-                  seed: int, pad_id: int, batch_size: int = 64) -> Sequences:
+                  seed: int, pad_id: int, batch_size: int = GENERATION_BATCH) -> Sequences:
     """Each opening continued by ``model`` for exactly ``new_tokens`` tokens, right-padded to ``width``; counts mark
     the positions whose next token is a continuation token. The continuations are specdec's own autoregressive loop
     (``specdec.generate`` without a draft) over left-padded batches of ``batch_size`` openings: exact per row (the
@@ -265,7 +270,8 @@ def write_sequences(directory: Path, spec: DataSpec, openings: list[list[int]], 
                     models: dict[str, nn.Module], rank: int = 0, world: int = 1,
                     progress: Callable[[int, int], None] | None = None) -> None:
     """Write the shards of ``spec`` (over its ``openings``) this rank owns (every ``world``-th) that are not on disk
-    yet. ``progress(done, total)`` after each shard written."""
+    yet, a chunk of ``GENERATION_BATCH`` openings at a time. ``progress(done, total)`` in sequences, after each
+    chunk."""
     directory.mkdir(parents=True, exist_ok=True)
     if rank == 0:
         fields = {name: value for name, value in asdict(spec).items() if name not in SIZE_FIELDS}
@@ -274,13 +280,22 @@ def write_sequences(directory: Path, spec: DataSpec, openings: list[list[int]], 
     names = shard_names(len(openings), spec.shard_size)
     missing = [index for index in missing_shards(directory, len(openings), spec.shard_size) if index % world == rank]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    for done, index in enumerate(missing, 1):
+    total = sum(len(openings[index * spec.shard_size:(index + 1) * spec.shard_size]) for index in missing)
+    done = 0
+    if progress is not None:
+        progress(done, total)  # the total, before the first chunk
+    for index in missing:
         first = index * spec.shard_size
-        shard = spec.write_shard(models, openings[first:first + spec.shard_size], spec.seed * 1_000_003 + index,
-                                 pad_id or 0)
+        rows, parts = openings[first:first + spec.shard_size], []
+        for start in range(0, len(rows), GENERATION_BATCH):
+            chunk = rows[start:start + GENERATION_BATCH]
+            parts.append(spec.write_shard(models, chunk, spec.seed * 1_000_003 + index + start // GENERATION_BATCH,
+                                          pad_id or 0))
+            done += len(chunk)
+            if progress is not None:
+                progress(done, total)
+        shard = Sequences(torch.cat([part.tokens for part in parts]), torch.cat([part.counts for part in parts]))
         save_tensors({"tokens": shard.tokens.int(), "counts": shard.counts.to(torch.uint8)}, directory / names[index])
-        if progress is not None:
-            progress(done, len(missing))
 
 
 def read_sequences(directory: Path, rows: int, shard_size: int) -> Sequences:
