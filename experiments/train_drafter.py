@@ -21,6 +21,7 @@ import json
 import math
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -46,7 +47,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TRAIN_CONFIGS = CONFIGS / "train"
 CONFIG_FILE = "train_config.yaml"
 # Keys a resumed run may change: they do not change what is computed.
-RESUMABLE_CHANGES = ("resume", "max_minutes", "threads", "logger")
+RESUMABLE_CHANGES = ("resume", "max_minutes", "max_wall_minutes", "threads", "logger")
+STARTED = time.time()  # the command's start: max_wall_minutes counts from here
 OmegaConf.register_new_resolver("specdec_configs", lambda: str(CONFIGS), replace=True)
 
 
@@ -118,6 +120,7 @@ RULES = [  # (key, rule, what is allowed)
     ("eval_every", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
     ("checkpoint_every", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
     ("max_minutes", lambda v: v is None or (is_number(v) and v > 0), "null or a number of minutes > 0"),
+    ("max_wall_minutes", lambda v: v is None or (is_number(v) and v > 0), "null or a number of minutes > 0"),
     ("heldout.first", lambda v: is_int(v) and v >= 0, "an integer >= 0"),
     ("heldout.count", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
     ("heldout.new_tokens", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
@@ -168,6 +171,7 @@ def check(cfg: DictConfig, run_dir: Path) -> Plan:
                         grad_clip=float(cfg.grad_clip), eval_every=cfg.eval_every,
                         checkpoint_every=cfg.checkpoint_every, k=cfg.heldout.k,
                         eval_batch_size=cfg.heldout.batch_size, max_minutes=cfg.max_minutes, seed=cfg.seed,
+                        wall_deadline=None if cfg.max_wall_minutes is None else STARTED + 60 * cfg.max_wall_minutes,
                         save_dtype=DTYPES[cfg.save_dtype])
     return Plan(settings, kind, make_head, objective, cfg.drafter.draft_vocab, data, pair,
                 dict(first=cfg.heldout.first, count=cfg.heldout.count, new_tokens=cfg.heldout.new_tokens),
@@ -412,7 +416,8 @@ def write_summary(plan: Plan, outcome, parameters: int) -> None:
         (plan.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     plan.logger.finish([], summary, failed=False)
     walked = "-" if best.walked_tau is None else f"{best.walked_tau:.3f}"
-    state = "done" if outcome.finished else f"stopped at step {outcome.steps} (max_minutes); resume={plan.out} continues"
+    state = "done" if outcome.finished else (f"stopped at step {outcome.steps} (max_minutes or max_wall_minutes); "
+                                             f"resume={plan.out} continues")
     print_line(f"{state}: best simulated tau {best.tau:.3f} at step {best.step} (k = {plan.settings.k}, a_i "
                f"{', '.join(f'{a:.3f}' for a in best.per_position)}; the loop's tau, walked: {walked}) in "
                f"{outcome.seconds / 60:.1f} min")

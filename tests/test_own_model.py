@@ -189,3 +189,13 @@ def test_a_shard_written_chunk_by_chunk_is_one_calls_bits_and_the_bar_moves_insi
                                        7 * 1_000_003 + index, tokenizer.pad_token_id, batch_size=4)
         assert torch.equal(written.tokens[first:first + 10], whole.tokens)
         assert torch.equal(written.counts[first:first + 10], whole.counts)
+
+
+def test_max_wall_minutes_counts_the_whole_command_and_stops_training_checkpointed(own, tmp_path, monkeypatch):
+    """A wall limit already spent by loading and data (a millisecond): one step, checkpointed, not finished."""
+    run_dir = tmp_path / "run"
+    train([f"pair.target={own['target']}", "drafter=eagle", "steps=50", "max_wall_minutes=0.00001",
+           *small_training(own, run_dir)], monkeypatch)
+    steps = [json.loads(line)["step"] for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    assert max(steps) == 1 and not (run_dir / "summary.json").exists()
+    assert (run_dir / "checkpoint").is_dir()

@@ -273,6 +273,7 @@ class Settings:
     k: int = 4
     eval_batch_size: int = 16
     max_minutes: float | None = None
+    wall_deadline: float | None = None  # time.time() past which training stops (max_wall_minutes); None: never
     seed: int = 0
     save_dtype: torch.dtype = torch.float32
 
@@ -491,7 +492,8 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
         if log is not None:
             log.write({"step": step, "loss": value, "lr": optimizer.param_groups[0]["lr"], "seconds": round(seconds, 3)})
         logger.log_step({"loss": value, "lr": optimizer.param_groups[0]["lr"]}, step)
-        stopped = agreed(settings.max_minutes is not None and seconds >= 60 * settings.max_minutes, ranks)
+        stopped = agreed((settings.max_minutes is not None and seconds >= 60 * settings.max_minutes)
+                         or (settings.wall_deadline is not None and time.time() >= settings.wall_deadline), ranks)
         last = step == settings.steps or stopped
         if ranks.main and (step % settings.eval_every == 0 or last):
             found = evaluate(family, target, heldout, settings.k)
