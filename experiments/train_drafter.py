@@ -370,6 +370,7 @@ def progress_of(bar: tqdm):
     def progress(done: int, total: int) -> None:
         bar.total = total
         bar.update(done - bar.n)
+        bar.refresh()
     return progress
 
 
