@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 import specdec
-from analysis.load import ResultsError, per_position_long
+from analysis.load import MACHINE_COLUMNS, ResultsError, per_position_long
 from specdec.results import (
     CONDITION_COLUMNS,
     INTERVAL_METRICS,
@@ -19,8 +19,11 @@ from specdec.results import (
     PROMPT_COLUMNS,
     TIMED_METRICS,
     confidence_interval,
+    disagreeing_repeats,
     finite_values,
     pooled,
+    replicate_spread,
+    round_of,
     too_short,
 )
 from specdec.stats import vllm_acceptance_length
@@ -31,14 +34,16 @@ SUMMARIZED_METRICS = tuple(metric for metric in INTERVAL_METRICS if metric != "p
 DERIVED_METRICS = ("vllm_acceptance_length",)
 STAT_COLUMNS = tuple(f"{metric}_{stat}" for metric in SUMMARIZED_METRICS + DERIVED_METRICS
                      for stat in ("mean", "ci_low", "ci_high")) + tuple(
-    f"{figure}_{stat}" for figure in POOLED_FIGURES for stat in ("pooled", "pooled_ci_low", "pooled_ci_high"))
+    f"{figure}_{stat}" for figure in POOLED_FIGURES for stat in ("pooled", "pooled_ci_low", "pooled_ci_high")) + tuple(
+    f"{figure}_between_{stat}" for figure in POOLED_FIGURES for stat in ("min", "max", "sd"))
 # Per-position acceptance pooled over a run's prompts: value, interval and count per position (lists).
 PER_POSITION_COLUMNS = ("per_position_pooled", "per_position_ci_low", "per_position_ci_high", "per_position_attempts")
 # Summary columns that describe neither a setting nor a summarized metric.
 BOOKKEEPING_COLUMNS = ("run_id", "group", "run_dir", "partial", "n_prompts", "predicted_speedup",
                        "per_position_acceptance", "accepted_histogram", "most_concurrent_jobs", "hosts",
                        "short_prompts", "short_prompt_ids", "identical_outputs", "log_likelihood_mean",
-                       "baseline_log_likelihood_mean", *PER_POSITION_COLUMNS)
+                       "baseline_log_likelihood_mean", *PER_POSITION_COLUMNS, "replicates", "processors",
+                       "greedy_repeats_disagree", "predicted_drafted_k")
 
 
 def predicted_speedup(alpha, k, cost_ratio) -> np.ndarray:
@@ -80,8 +85,11 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
             record["most_concurrent_jobs"] = pd.to_numeric(rows["concurrent_jobs"]).max()  # NaN: not counted
         if "host" in rows:
             record["hosts"] = ", ".join(sorted(map(str, rows["host"].dropna().unique())))
+        if "processor" in rows:
+            record["processors"] = ", ".join(sorted(map(str, rows["processor"].dropna().unique())))
         row_dicts = [{key: none_for_nan(value) for key, value in row.items()} for row in rows.to_dict("records")]
         record.update(pooled_columns(row_dicts))
+        record.update(spread_columns(row_dicts))
         timed = rows[[not too_short(row) for row in row_dicts]]
         for metric in SUMMARIZED_METRICS:
             record.update(zip((f"{metric}_mean", f"{metric}_ci_low", f"{metric}_ci_high"),
@@ -94,10 +102,20 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
         record["run_dir"] = run_dir
         records.append(record)
     summary = pd.DataFrame(records)
-    summary["predicted_speedup"] = predicted_speedup(summary["acceptance_rate_pooled"], summary["k"],
-                                                     summary["cost_ratio_mean"])
     summary["per_position_acceptance"] = mean_per_position(frame, summary["run_id"])
     return summary
+
+
+def spread_columns(records: list[dict]) -> dict:
+    """A run's replicates (its rounds; and its seeds' runs where ``pool_replicates`` pooled them): how many
+    (``replicates``), each pooled figure's min, max and standard deviation over them (``<figure>_between_min``,
+    ...), and the prompts whose greedy repeats disagree in their counts (``greedy_repeats_disagree``)."""
+    spread = replicate_spread(records, lambda row: row.get("replicate") or round_of(row))
+    columns = {"replicates": spread["replicates"],
+               "greedy_repeats_disagree": ", ".join(disagreeing_repeats(records))}
+    for figure in POOLED_FIGURES:
+        columns.update({f"{figure}_between_{stat}": spread[figure][stat] for stat in ("min", "max", "sd")})
+    return columns
 
 
 def pooled_columns(records: list[dict]) -> dict:
@@ -107,6 +125,8 @@ def pooled_columns(records: list[dict]) -> dict:
     figures = pooled(records)
     columns = {f"{figure}_{stat}": figures[figure][key] for figure in POOLED_FIGURES
                for stat, key in (("pooled", "value"), ("pooled_ci_low", "ci_low"), ("pooled_ci_high", "ci_high"))}
+    columns["predicted_speedup"] = figures["predicted_speedup"]["value"]
+    columns["predicted_drafted_k"] = figures["predicted_speedup"]["drafted_k"]
     short = [str(row["prompt_id"]) for row in records if too_short(row)]
     positions = figures["per_position_acceptance"]
     identical = [row.get("identical_output") for row in records if isinstance(row.get("identical_output"), bool)]
@@ -135,7 +155,7 @@ def mean_of(values) -> float:
 def constant_columns(frame: pd.DataFrame) -> list[str]:
     """Non-metric columns with one value (null counts as one) within every run, in frame order."""
     excluded = (set(METRIC_COLUMNS) | set(PROMPT_COLUMNS) | set(CONDITION_COLUMNS) | set(OUTPUT_COLUMNS)
-                | {"run_dir", "partial"})
+                | set(MACHINE_COLUMNS) | {"run_dir", "partial", "replicate"})
     candidates = [column for column in frame.columns if column not in excluded
                   and not frame[column].map(lambda v: isinstance(v, (list, dict))).any()]  # unhashable
     per_run = frame.groupby("run_dir", sort=False)[candidates].nunique(dropna=False)
