@@ -206,6 +206,7 @@ def plot_axes(summary: pd.DataFrame, x: str | None = None, hue: str | None = Non
     temperature in words). A name the summary lacks is one ResultsError listing what varies.
     """
     axes = varying_axes(summary)
+    x, hue = as_column(summary, x), as_column(summary, hue)
     for name, given in (("--x", x), ("--hue", hue)):
         if given is not None and given not in config_columns(summary):
             raise ResultsError(f"{name} {given}: no such setting in these runs; settings that vary: "
@@ -217,8 +218,25 @@ def plot_axes(summary: pd.DataFrame, x: str | None = None, hue: str | None = Non
         x = "k" if "k" in axes else (numeric or axes or ["k"])[0]
     if hue is not None:
         return x, [hue] if hue != x else []
-    return x, [axis for axis in varying_axes(summary, exclude=(x,))
-               if not (determined_by(summary, x, axis) and determined_by(summary, axis, x))]
+    return x, [axis for axis in varying_axes(summary, exclude=(x,)) if axis in PARTS
+               or not (determined_by(summary, x, axis) and determined_by(summary, axis, x))]
+
+
+# The parts a run is built of: kept in a sweep's labels even where they come one-to-one with x (a draft-length
+# policy sweep whose policies each hold their own k is labelled by policy and k, not by k alone).
+PARTS = ("system", "drafter", "strategy", "draft_length")
+
+
+def as_column(summary: pd.DataFrame, key: str | None) -> str | None:
+    """A swept key as typed on the command line, as its column: ``draft_length.k`` is ``k``, ``strategy.lenience``
+    is ``strategy_lenience``, ``sampling.temperature`` is ``temperature``; a column name stays itself."""
+    if key is None or key in summary.columns or "." not in key:
+        return key
+    group, name = key.split(".", 1)
+    for column in (f"{group}_{name.replace('.', '_')}", name):
+        if column in summary.columns:
+            return column
+    return key
 
 
 def setting_label(row: pd.Series, axes: list[str]) -> str:

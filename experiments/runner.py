@@ -358,7 +358,9 @@ def format_table(summary: dict, title: str) -> str:
     short = summary["short_prompts"]
     if short["count"]:
         named = ", ".join(short["prompt_ids"][:8]) + (", ..." if short["count"] > 8 else "")
-        lines.append(f"too short to time: {short['count']} of {summary['rows']} rows ({named}), left out of "
+        rows = summary.get("rows", summary["prompts"])
+        counted = f"{rows} prompts" if rows == summary["prompts"] else f"{rows} (prompt, round) rows"
+        lines.append(f"too short to time: {short['count']} of {counted} ({named}), left out of "
                      "the per-prompt means of timings, counted in the pooled figures (rule in summary.json)")
     if summary.get("greedy_repeats_disagree"):
         lines.append(f"warning: greedy repeats disagree in their counts for {', '.join(summary['greedy_repeats_disagree'])}"

@@ -690,8 +690,11 @@ def pooled_predicted_speedup(rows: list[dict]) -> dict:
     NaN where none is. No interval: a model's figure, not a measurement's."""
     chains = [row for row in rows if is_number(row.get("predicted_speedup"))]
     terms = [row_terms(row) for row in chains]
-    drafted = math.fsum(t["drafted"] for t in terms if math.isfinite(t["drafted"]) and math.isfinite(t["drafting_calls"]))
-    steps = math.fsum(t["drafting_calls"] for t in terms if math.isfinite(t["drafted"]) and math.isfinite(t["drafting_calls"]))
+    for row, t in zip(chains, terms):  # a row written before the histogram: its steps drafted the configured k
+        if not math.isfinite(t["drafting_calls"]) and is_number(row.get("k")) and row["k"] > 0:
+            t["drafting_calls"] = t["drafted"] / row["k"]
+    counted = [t for t in terms if math.isfinite(t["drafted"]) and math.isfinite(t["drafting_calls"])]
+    drafted, steps = math.fsum(t["drafted"] for t in counted), math.fsum(t["drafting_calls"] for t in counted)
     costs = finite_values(row.get("cost_ratio") for row in chains if not too_short(row))
     value = math.nan
     if chains and steps and costs:
