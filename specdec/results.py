@@ -146,17 +146,18 @@ class Metrics:
 
     emitted: int = column("E: tokens the speculative run emitted")
     drafted: int = column("D: draft tokens proposed (a tree's nodes)")
-    accepted: int = column("A: draft tokens accepted")
+    accepted: int = column("A: draft tokens accepted, up to the row's EOS (a draft past it never counts, whichever "
+                           "drafter proposed it)")
     target_calls: int = column(
         "N: target calls that emitted tokens: the prefill's forward, which also verifies the first draft, and the "
         "verification passes after it")
     draft_calls: int = column("draft forward passes in decode steps (batch)")
     acceptance_rate: float = column("A / D; null when nothing was drafted")
     mean_accepted_length: float = column(
-        "tau = E / N, tokens per target call, the bonus token included (plain decoding has tau = 1): the acceptance "
-        "length (AL) of vLLM and EAGLE, Spec-Bench's mean accepted tokens. vLLM divides by the steps that drafted "
-        "(1 + A / those steps); N also counts a last step that drafted nothing and E stops at EOS, so the two "
-        "differ by a step's worth at most per prompt")
+        "tau = E / N, tokens per target call, the bonus token included (plain decoding has tau = 1): EAGLE's "
+        "acceptance length, Spec-Bench's mean accepted tokens. vLLM's acceptance length divides by the calls that "
+        "drafted instead (1 + A / sum of accepted_histogram; `vllm_acceptance_length` in summary.json): N also "
+        "counts a call that drafted nothing (a head's first call, a last call with no room) and E stops at EOS")
     per_position_acceptance: list[float | None] = column(
         "length k: a_i = P(draft token i accepted given 1..i-1 accepted), per depth for a tree; null where never "
         "reached. vLLM's per-position acceptance rate is unconditional: a_1 a_2 ... a_i")
@@ -168,8 +169,8 @@ class Metrics:
         "existed")
     accepted_histogram: list[int] = column(
         "length k + 1: h_j = verification steps that drafted and kept j drafts (the bonus token not counted), "
-        "j = 0..k (vLLM's per-request acceptance histogram); sum_j j h_j = accepted, counted as A is: a tree, "
-        "which drafts past an EOS, may keep drafts the EOS then cuts. Absent in rows written before it existed")
+        "j = 0..k (vLLM's per-request acceptance histogram); sum_j j h_j = accepted, counted as A is (up to the "
+        "row's EOS); sum_j h_j = the calls that drafted. Absent in rows written before it existed")
     expected_acceptance: float | None = column(
         "mean over verified positions of sum_x min(p_draft(x), p_target(x)), with p_draft the point mass at the "
         "draft where the drafter gives no distributions (n-gram); null when nothing was verified (batch)")
