@@ -633,7 +633,7 @@ def per_position_text(run: pd.Series) -> str:
     pooled = run.get("per_position_pooled")
     if not (isinstance(pooled, list) and pooled):
         return ", ".join("–" if value is None or math.isnan(value) else format_cell(value)
-                         for value in run["per_position_acceptance"])
+                         for value in run["per_position_acceptance_mean"])
     cells = []
     for value, low, high, attempts in zip(pooled, run["per_position_ci_low"], run["per_position_ci_high"],
                                           run["per_position_attempts"]):

@@ -40,7 +40,7 @@ STAT_COLUMNS = tuple(f"{metric}_{stat}" for metric in SUMMARIZED_METRICS + DERIV
 PER_POSITION_COLUMNS = ("per_position_pooled", "per_position_ci_low", "per_position_ci_high", "per_position_attempts")
 # Summary columns that describe neither a setting nor a summarized metric.
 BOOKKEEPING_COLUMNS = ("run_id", "group", "run_dir", "partial", "n_prompts", "predicted_speedup",
-                       "per_position_acceptance", "accepted_histogram", "most_concurrent_jobs", "hosts",
+                       "per_position_acceptance_mean", "accepted_histogram", "most_concurrent_jobs", "hosts",
                        "short_prompts", "short_prompt_ids", "identical_outputs", "log_likelihood_mean",
                        "baseline_log_likelihood_mean", *PER_POSITION_COLUMNS, "replicates", "processors",
                        "greedy_repeats_disagree", "predicted_drafted_k")
@@ -69,7 +69,7 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
     (the share of prompts whose two outputs are identical, where rows say: temperature 0),
     `log_likelihood_mean` and `baseline_log_likelihood_mean` (a lossy rule's quality beside the target's own),
     `predicted_speedup` recomputed from the pooled acceptance rate and mean cost ratio,
-    `per_position_acceptance` as the per-position mean over prompts, `accepted_histogram` summed over prompts
+    `per_position_acceptance_mean` as the per-position mean over prompts, `accepted_histogram` summed over prompts
     (steps of the whole run by drafts kept; empty where rows lack it), `vllm_acceptance_length` (mean and interval
     over prompts of 1 + accepted / steps that drafted, from each row's histogram), and, where rows count them,
     `most_concurrent_jobs`: the most jobs of the sweep that ran on the run's machine while it decoded, and
@@ -102,7 +102,7 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
         record["run_dir"] = run_dir
         records.append(record)
     summary = pd.DataFrame(records)
-    summary["per_position_acceptance"] = mean_per_position(frame, summary["run_id"])
+    summary["per_position_acceptance_mean"] = mean_per_position(frame, summary["run_id"])
     return summary
 
 
@@ -254,3 +254,59 @@ def format_value(value) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
+
+
+# summary.csv (``summarize_runs``, one row per setting) column by column: (column or pattern, meaning). "pooled"
+# means totals over the setting's rows (every prompt, round and pooled seed), "per-prompt" a mean of each row's own
+# ratio; docs/experiments.md holds ``summary_csv_table()``.
+SUMMARY_CSV_COLUMNS = (
+    ("<setting columns>", "the rows' setting, constant within each setting: `RunIdentity`'s columns, the options' "
+                          "`<group>_<key>`, and the code and weights of `Provenance` (`git_commit`, ..., "
+                          "`drafter_weights`), by which runs are never merged"),
+    ("seed", "the seed, or the seeds pooled (\"0, 1\"): runs that differ only in seed are one setting"),
+    ("run_id, run_dir", "the run, or the runs pooled, joined by \" + \""),
+    ("group", "the runs' group (a sweep's name; W&B's group)"),
+    ("n_prompts", "rows in the setting: prompts x rounds x runs pooled"),
+    ("partial", "whether a run of it has no summary.json (killed)"),
+    ("replicates", "its replicates: rounds x runs pooled"),
+    ("<figure>_pooled, <figure>_pooled_ci_low, <figure>_pooled_ci_high",
+     "each pooled figure (`" + "`, `".join(POOLED_FIGURES) + "`) and its 95% bootstrap interval over prompts and "
+     "their replicates, as summary.json's `pooled`"),
+    ("<figure>_between_min, <figure>_between_max, <figure>_between_sd",
+     "each pooled figure's range and standard deviation over the replicates (the run-to-run spread)"),
+    ("<metric>_mean, <metric>_ci_low, <metric>_ci_high",
+     "per-prompt means (`" + "`, `".join(SUMMARIZED_METRICS + DERIVED_METRICS) + "`) and their 95% Student t "
+     "interval; timings without the prompts too short to time"),
+    ("predicted_speedup, predicted_drafted_k", "the one predicted speedup (Leviathan et al.) from the pooled "
+                                               "acceptance rate, the k the steps drafted (`predicted_drafted_k`) "
+                                               "and the mean cost ratio; summary.json's"),
+    ("per_position_pooled, per_position_ci_low, per_position_ci_high, per_position_attempts",
+     "a_i pooled (accepted at i / verified at i, lists by position), its interval and the positions verified"),
+    ("per_position_acceptance_mean", "a_i as the per-prompt mean (prompts that never reached i skipped)"),
+    ("accepted_histogram", "steps by drafts kept, h_0..h_k, summed over the rows"),
+    ("short_prompts, short_prompt_ids", "the rows too short to time, counted and named"),
+    ("identical_outputs", "share of rows (temperature 0) whose output equals the baseline's"),
+    ("log_likelihood_mean, baseline_log_likelihood_mean", "a lossy rule's target log-likelihood per token, and the "
+                                                          "target's own"),
+    ("greedy_repeats_disagree", "prompts whose greedy repeats differ in their counts (empty normally)"),
+    ("most_concurrent_jobs, hosts, processors", "where it ran: the most jobs of its sweep at once on its machine, "
+                                                 "the machines, their processors"),
+)
+
+
+def summary_csv_table() -> str:
+    """The table of docs/experiments.md that documents summary.csv (``SUMMARY_CSV_COLUMNS``)."""
+    from specdec.results import markdown_table
+
+    return markdown_table(["column", "meaning"], [[f"`{column}`", meaning]
+                                                  for column, meaning in SUMMARY_CSV_COLUMNS]) + "\n"
+
+
+def documented(column: str) -> bool:
+    """Whether a summary.csv column is one ``SUMMARY_CSV_COLUMNS`` names (settings aside)."""
+    named = {name.strip() for names, _ in SUMMARY_CSV_COLUMNS for name in names.split(",")}
+    figures = {f"{figure}_{stat}" for figure in POOLED_FIGURES
+               for stat in ("pooled", "pooled_ci_low", "pooled_ci_high", "between_min", "between_max", "between_sd")}
+    means = {f"{metric}_{stat}" for metric in SUMMARIZED_METRICS + DERIVED_METRICS
+             for stat in ("mean", "ci_low", "ci_high")}
+    return column in named | figures | means
