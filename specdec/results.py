@@ -687,21 +687,20 @@ def leviathan_speedup(alpha: float, k: float, cost_ratio: float) -> float:
 def pooled_predicted_speedup(rows: list[dict]) -> dict:
     """The run's one predicted speedup (``leviathan_speedup``): alpha the pooled acceptance rate, k the drafts per
     step that drafted (total drafted / total steps that drafted: what the steps drafted, not the configured k), c
-    the mean cost ratio over the prompts timed. Over the rows whose own prediction is defined (a tree's is not);
-    NaN where none is. No interval: a model's figure, not a measurement's."""
-    chains = [row for row in rows if is_number(row.get("predicted_speedup"))]
-    terms = [row_terms(row) for row in chains]
-    for row, t in zip(chains, terms):  # a row written before the histogram: its steps drafted the configured k
+    the mean cost ratio over the prompts timed. NaN where no row has a prediction of its own (a tree's rows have
+    none: the formula is for chains). No interval: a model's figure, not a measurement's."""
+    terms = [row_terms(row) for row in rows]
+    for row, t in zip(rows, terms):  # a row written before the histogram: its steps drafted the configured k
         if not math.isfinite(t["drafting_calls"]) and is_number(row.get("k")) and row["k"] > 0:
             t["drafting_calls"] = t["drafted"] / row["k"]
     counted = [t for t in terms if math.isfinite(t["drafted"]) and math.isfinite(t["drafting_calls"])]
     drafted, steps = math.fsum(t["drafted"] for t in counted), math.fsum(t["drafting_calls"] for t in counted)
-    costs = finite_values(row.get("cost_ratio") for row in chains if not too_short(row))
+    costs = finite_values(row.get("cost_ratio") for row in rows if not too_short(row))
     value = math.nan
-    if chains and steps and costs:
+    if any(is_number(row.get("predicted_speedup")) for row in rows) and steps and costs:
         value = leviathan_speedup(value_of_terms(terms, "acceptance_rate"), drafted / steps,
                                   math.fsum(costs) / len(costs))
-    return {"value": value, "ci_low": math.nan, "ci_high": math.nan, "prompts": len(chains),
+    return {"value": value, "ci_low": math.nan, "ci_high": math.nan, "prompts": len(rows),
             "drafted_k": drafted / steps if steps else math.nan}
 
 

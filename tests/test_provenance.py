@@ -118,3 +118,33 @@ def test_greedy_repeats_whose_counts_disagree_are_flagged(rounds_run, tmp_path):
     (tmp_path / "runs" / "b" / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in changed))
     text = write_report([str(tmp_path / "runs")], str(tmp_path / "out")).read_text()
     assert "**Warning: greedy repeats disagree** in" in text and rows[0]["prompt_id"] in text.split("## Runs")[0]
+
+
+def test_a_killed_run_of_several_rounds_resumes_each_prompt_and_round_exactly_once(tiny, tmp_path):
+    from test_experiments import Killed, kill_after
+
+    run_dir = tmp_path / "run"
+    overrides = [*tiny_overrides(tiny, num_prompts=2, max_new_tokens=4, warmup=0), "rounds=2"]
+    with pytest.raises(Killed):
+        runner.run(*compose_run(overrides, run_dir), after_row=kill_after(3))
+    assert [(row["prompt_id"], row["round"]) for row in rows_of(run_dir)] == [("p0", 0), ("p1", 0), ("p0", 1)]
+    summary = runner.run(*compose_run(overrides, run_dir))
+    assert [(row["prompt_id"], row["round"]) for row in rows_of(run_dir)] == [
+        ("p0", 0), ("p1", 0), ("p0", 1), ("p1", 1)]
+    assert summary["rows"] == 4 and summary["prompts"] == 2 and summary["between_rounds"]["replicates"] == 2
+
+
+def test_the_report_and_summary_json_give_one_predicted_speedup(rounds_run):
+    """summary.json, the console and the report give one predicted speedup: Leviathan's at the pooled acceptance
+    rate, the k the steps drafted and the mean cost ratio."""
+    from analysis import load_runs, summarize_runs
+    from specdec.results import leviathan_speedup
+
+    rows, summary = rows_of(rounds_run), json.loads((rounds_run / "summary.json").read_text())
+    drafted_k = sum(row["drafted"] for row in rows) / sum(sum(row["accepted_histogram"]) for row in rows)
+    costs = [row["cost_ratio"] for row in rows if row["target_calls"] >= 2 and row["cost_ratio"] is not None]
+    expected = leviathan_speedup(sum(row["accepted"] for row in rows) / sum(row["drafted"] for row in rows),
+                                 drafted_k, sum(costs) / len(costs))
+    assert summary["pooled"]["predicted_speedup"]["value"] == pytest.approx(expected)
+    [run] = summarize_runs(load_runs(rounds_run)).to_dict("records")
+    assert run["predicted_speedup"] == pytest.approx(expected)

@@ -43,6 +43,7 @@ from specdec.results import (
     read_summary,
     schema_tables,
     type_problem,
+    leviathan_speedup,
 )
 from specdec.stats import DecodeStats, RowStats
 
@@ -275,3 +276,14 @@ def test_confidence_interval_skips_what_is_not_a_finite_number():
 def test_markdown_table_escapes_pipes_and_ends_without_a_newline():
     assert markdown_table(["a", "b|c"], [[1, "x|y"], [2.5, True]]) == (
         "| a | b\\|c |\n| --- | --- |\n| 1 | x\\|y |\n| 2.5 | True |")
+
+
+def test_the_predicted_speedup_takes_the_k_the_steps_drafted_not_the_configured_one():
+    """Four Medusa heads under draft_length.k=8 draft 4 a step: two steps of 4 drafts predict at k = 4."""
+    spec = stats([RowStats(9, 8, 6, 3, [2, 2, 1, 1, 0, 0, 0, 0], [2, 2, 1, 1, 0, 0, 0, 0],
+                           [0, 0, 1, 0, 1, 0, 0, 0, 0])], wall=2.0)
+    metrics = Metrics.measure(spec, spec, row=0, k=8, tree=False)
+    alpha = 6 / 8
+    assert metrics.predicted_speedup == pytest.approx(sum(alpha**i for i in range(5)) / (4 * 0.1 + 1))
+    assert leviathan_speedup(1.0, 2.5, 0.0) == 3.5 and math.isnan(leviathan_speedup(math.nan, 4, 0.1))
+    assert leviathan_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)  # an integer k: eq. 1 as it stands
