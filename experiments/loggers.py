@@ -224,3 +224,26 @@ def flatten(data: dict, prefix: str = "") -> dict:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+# Training loggers --------------------------------------------------------------------------------------------------
+
+class NullTrainingLogger(NullLogger):
+    """Logs nothing (logger=none): the run directory holds everything."""
+
+    def log_step(self, data: dict, step: int) -> None:
+        """log.jsonl already has it."""
+
+
+class WandbTrainingLogger(WandbLogger):
+    """W&B for training (logger=wandb; offline unless told): one W&B step per optimizer step, the summary at the
+    end. Any wandb failure warns once and logging stops; training goes on."""
+
+    def start(self, run_id: str, group: str, name: str, config: dict, run_dir: Path) -> None:
+        super().start(run_id, group, name, config, run_dir)
+        if self.run is not None:
+            self.guard("init", lambda: self.run.define_metric("*", step_metric="step"))
+
+    def log_step(self, data: dict, step: int) -> None:
+        if self.run is not None:
+            self.guard("log", lambda: self.run.log({**data, "step": step}))

@@ -33,13 +33,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from experiments import drafter_data as data_lib
+from specdec.train import corpus as corpus_lib
+from specdec.train import data as data_lib
 from experiments.config_checks import ConfigError, one_line
-from experiments.drafter_training import (KINDS, Best, Checkpoints, Ranks, Settings, TrainingData, barrier,
+from specdec.train.loop import (KINDS, Best, Checkpoints, Ranks, Settings, TrainingData, barrier,
                                           build_family, frequent_tokens, heldout_batches, print_line, start_ranks,
                                           train)
 from specdec.checkpoints import target_identity
-from specdec.distill import DIVERGENCES
+from specdec.train.losses import DIVERGENCES
 from specdec.models import DTYPES, ModelUnavailableError, load_pair, plan_pair
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -232,9 +233,9 @@ def read_texts(plan: Plan) -> Texts:
     corpus too small for the data asked is refused here."""
     tokenizer = plan_pair(**plan.pair).tokenizer
     try:
-        corpus = data_lib.read_corpus(plan.data.corpus, plan.data.heldout_fraction)
+        corpus = corpus_lib.read_corpus(plan.data.corpus, plan.data.heldout_fraction)
         openings = plan.data.openings(corpus, tokenizer)
-        prompts = data_lib.heldout_prompts(corpus, tokenizer, plan.heldout["first"], plan.heldout["count"])
+        prompts = corpus_lib.heldout_prompts(corpus, tokenizer, plan.heldout["first"], plan.heldout["count"])
     except (ValueError, OSError) as err:
         raise ConfigError(f"data: {one_line(err)}") from None
     return Texts(openings, prompts)

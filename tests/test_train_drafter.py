@@ -25,12 +25,13 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import specdec
-from experiments import drafter_data as data_lib
+from specdec.train import corpus as corpus_lib
+from specdec.train import data as data_lib
 from experiments import train_drafter as app
 from experiments.config_checks import ConfigError
-from experiments.drafter_training import Family, batch_rows, evaluate, heldout_batches, hidden_layers
+from specdec.train.loop import Family, batch_rows, evaluate, heldout_batches, hidden_layers
 from specdec.checkpoints import load_weights, read_drafter_config
-from specdec.distill import DIVERGENCES, TrainingBatch, eagle_loss, eagle_passes
+from specdec.train.losses import DIVERGENCES, TrainingBatch, eagle_loss, eagle_passes
 from specdec.eagle import EagleDrafter
 from specdec.heads import EagleHead, MedusaHeads
 from specdec.models import load_pair
@@ -114,8 +115,8 @@ def eval_lines(run_dir: Path) -> list[dict]:
 
 def heldout_of(pair: dict, target: torch.nn.Module, tokenizer) -> data_lib.Sequences:
     """The held-out set the app measured on (written once under data_dir)."""
-    corpus = data_lib.read_corpus(pair["corpus"], 0.1)
-    prompts = data_lib.heldout_prompts(corpus, tokenizer, 0, HELDOUT)
+    corpus = corpus_lib.read_corpus(pair["corpus"], 0.1)
+    prompts = corpus_lib.heldout_prompts(corpus, tokenizer, 0, HELDOUT)
     written = list((Path(pair["data_dir"]) / "heldout").iterdir())
     sequences = data_lib.heldout_set(Path(pair["data_dir"]) / "heldout", prompts, tokenizer, target, 16)
     assert list((Path(pair["data_dir"]) / "heldout").iterdir()) == written  # read, not written again
@@ -363,7 +364,7 @@ def test_shards_are_written_once_and_a_lost_one_alone_is_rewritten(tiny_pair, tm
     target = load_pair(None, draft=tiny_pair["draft"], target=tiny_pair["target"], device="cpu").target
     spec = data_lib.TargetContinuations(corpus=tiny_pair["corpus"], num_prompts=20, new_tokens=6, shard_size=8,
                                         heldout_fraction=0.2, temperature=1.0)
-    corpus = data_lib.read_corpus(spec.corpus, spec.heldout_fraction)
+    corpus = corpus_lib.read_corpus(spec.corpus, spec.heldout_fraction)
     directory = data_lib.data_directory(tmp_path, spec, {"target": target}, tokenizer)
     written = []
 
@@ -393,13 +394,13 @@ def test_shards_are_written_once_and_a_lost_one_alone_is_rewritten(tiny_pair, tm
 
 def test_held_out_prompts_come_from_held_out_documents_only(tiny_pair):
     tokenizer = word_tokenizer()
-    corpus = data_lib.read_corpus(tiny_pair["corpus"], 0.2)
-    prompts = data_lib.heldout_prompts(corpus, tokenizer, 0, HELDOUT)
+    corpus = corpus_lib.read_corpus(tiny_pair["corpus"], 0.2)
+    prompts = corpus_lib.heldout_prompts(corpus, tokenizer, 0, HELDOUT)
     assert all(any(document.startswith(prompt) for document in corpus.heldout) for prompt in prompts)
     assert not any(prompt in document for prompt in prompts for document in corpus.train)
-    leaky = data_lib.Corpus(corpus.train + [corpus.heldout[0]], corpus.heldout)
+    leaky = corpus_lib.Corpus(corpus.train + [corpus.heldout[0]], corpus.heldout)
     with pytest.raises(ValueError, match="occurs in a training document"):
-        data_lib.heldout_prompts(leaky, tokenizer, 0, HELDOUT)
+        corpus_lib.heldout_prompts(leaky, tokenizer, 0, HELDOUT)
 
 
 def test_hidden_states_are_cached_only_when_read_more_than_once_and_small_enough():

@@ -2,7 +2,7 @@
 parallelism over ranks (torchrun).
 
 - ``Family``: what is trained (an EAGLE head, Medusa heads, or the pair's draft model, always in fp32), its loss
-  (a ``specdec.distill`` function) and the target's hidden states its batches carry; ``Family.save`` writes the
+  (a ``specdec.train.losses`` function) and the target's hidden states its batches carry; ``Family.save`` writes the
   checkpoint directory the library loads (``specdec.checkpoints``).
 - ``train`` runs the loop: a batch order fixed by the seed and the step alone (so a resumed run draws the batches
   an uninterrupted one would), AdamW with warm-up and cosine decay, the simulated acceptance length on held-out
@@ -34,12 +34,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from experiments.drafter_data import Sequences
-from experiments.loggers import NullLogger, WandbLogger
-from experiments.rundir import sync_directory, write_atomic
 from specdec.checkpoints import save_draft_model, save_drafter
-from specdec.distill import TrainingBatch, draft_matches, masked_mean, simulated_acceptance, walked_acceptance
 from specdec.heads import EagleHead, MedusaHeads
+from specdec.train.data import Sequences, target_hidden
+from specdec.train.files import replace_bytes, save_state
+from specdec.train.losses import TrainingBatch, draft_matches, masked_mean, simulated_acceptance, walked_acceptance
+from specdec.types import StateRequest
 
 KINDS = ("eagle", "medusa", "model")
 STATE = re.compile(r"state-(\d{9})\.pt")
@@ -137,29 +137,6 @@ def agreed(flag: bool, ranks: Ranks) -> bool:
     return bool(value)
 
 
-# Loggers -----------------------------------------------------------------------------------------------------------
-
-class NullTrainingLogger(NullLogger):
-    """Logs nothing (logger=none): the run directory holds everything."""
-
-    def log_step(self, data: dict, step: int) -> None:
-        """log.jsonl already has it."""
-
-
-class WandbTrainingLogger(WandbLogger):
-    """W&B for training (logger=wandb; offline unless told): one W&B step per optimizer step, the summary at the
-    end. Any wandb failure warns once and logging stops; training goes on."""
-
-    def start(self, run_id: str, group: str, name: str, config: dict, run_dir: Path) -> None:
-        super().start(run_id, group, name, config, run_dir)
-        if self.run is not None:
-            self.guard("init", lambda: self.run.define_metric("*", step_metric="step"))
-
-    def log_step(self, data: dict, step: int) -> None:
-        if self.run is not None:
-            self.guard("log", lambda: self.run.log({**data, "step": step}))
-
-
 # Families ----------------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -192,10 +169,7 @@ class Family:
 def hidden_layers(target: nn.Module, feature_layers: tuple[int, ...]) -> tuple[int, ...]:
     """The resolved feature layers in the head's order, then the last layer unless it is among them."""
     last = target.config.num_hidden_layers
-    resolved = tuple(layer + last + 1 if layer < 0 else layer for layer in feature_layers)
-    if not all(0 <= layer <= last for layer in resolved) or len(set(resolved)) != len(resolved):
-        raise ValueError(f"feature_layers {list(feature_layers)} must be distinct hidden-state indices in "
-                         f"[-{last + 1}, {last}] for a target of {last} blocks")
+    resolved = StateRequest(tuple(feature_layers)).resolved(last) if feature_layers else ()
     return resolved if last in resolved else (*resolved, last)
 
 
@@ -255,8 +229,6 @@ def make_batch(data: TrainingData, rows: torch.Tensor, family: Family, target: n
                device: torch.device) -> TrainingBatch:
     """A ``TrainingBatch`` of ``rows``, cut to its longest row, with the target's hidden states cached or
     computed now."""
-    from experiments.drafter_data import target_hidden
-
     length = int(data.sequences.lengths[rows].max())
     tokens = data.sequences.tokens[rows, :length].to(device)  # [b, T]
     counts = data.sequences.counts[rows, :length].to(device)  # [b, T]
@@ -343,14 +315,7 @@ class Checkpoints:
 
     def save(self, state: dict) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"state-{state['step']:09d}.pt"
-        partial = path.with_name(path.name + ".partial")
-        with open(partial, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        partial.replace(path)
-        sync_directory(self.directory)
+        save_state(state, self.directory / f"state-{state['step']:09d}.pt")
         for step in self.steps():
             if step < state["step"]:
                 (self.directory / f"state-{step:09d}.pt").unlink()
@@ -363,7 +328,7 @@ class TrainingLog:
     def __init__(self, path: Path, through_step: int):
         self.path = path
         kept = [line for line in self.lines() if line["step"] <= through_step]
-        write_atomic(path, "".join(json.dumps(line) + "\n" for line in kept).encode())
+        replace_bytes(path, "".join(json.dumps(line) + "\n" for line in kept).encode())
         self.handle = open(path, "a", encoding="utf-8")
 
     def lines(self) -> list[dict]:

