@@ -111,7 +111,7 @@ def test_chat_data_is_the_targets_replies_in_its_own_template(own, tmp_path, mon
     prompt = tokenizer.apply_chat_template(first[:last_user + 1], add_generation_prompt=True, tokenize=False)
     assert prompt.endswith("<assistant> ") and "the end" not in prompt  # a trailing assistant turn is the target's
     [directory] = [d for d in (own["root"] / "data").iterdir() if d.name.startswith("chatconversations")]
-    sequences = read_sequences(directory, 16, 8)
+    sequences = read_sequences(directory, 16, 8, spec.width, len(tokenizer))
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     assert sequences.tokens[0, :len(ids)].tolist() == ids
     reply = target.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None,
@@ -183,7 +183,7 @@ def test_a_shard_written_chunk_by_chunk_is_one_calls_bits_and_the_bar_moves_insi
     data_lib.write_sequences(tmp_path, spec, openings, tokenizer, {"target": target},
                              progress=lambda done, total: reports.append((done, total)))
     assert reports == [(0, 13), (4, 13), (8, 13), (10, 13), (13, 13)]
-    written = data_lib.read_sequences(tmp_path, 13, 10)
+    written = data_lib.read_sequences(tmp_path, 13, 10, spec.width, len(tokenizer))
     for index, first in enumerate((0, 10)):
         whole = data_lib.continuations(target, openings[first:first + 10], 5, 1.0, spec.width,
                                        7 * 1_000_003 + index, tokenizer.pad_token_id, batch_size=4)

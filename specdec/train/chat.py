@@ -75,7 +75,7 @@ class ChatConversations(TargetContinuations):
     num_prompts: int = 40
     new_tokens: int = 64
     temperature: float = 0.0
-    prompt_tokens: tuple[int, int] = (1, 512)
+    prompt_tokens: tuple[int, int] = (1, 192)
     heldout_fraction: float = 0.1
     shard_size: int = 32
     seed: int = 0
