@@ -47,7 +47,7 @@ from specdec.train import data as data_lib
 from specdec.train.files import DamagedFile
 from specdec.train.loop import (KINDS, Best, Checkpoints, Ranks, Settings, TrainingData, TrainingStopped, barrier,
                                 build_family, frequent_tokens, heldout_batches, hidden_layers, print_line,
-                                start_ranks, train)
+                                start_ranks, train, vocabulary_coverage)
 from specdec.train.losses import DIVERGENCES
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -154,10 +154,10 @@ def test_the_draft_vocabulary_coverage_of_the_held_out_tokens_is_logged_and_kept
 
     run_dir = tmp_path / "run"
     train([f"pair.target={own['target']}", "drafter=eagle", "steps=2", "drafter.draft_vocab=12",
-           *small_training(own, run_dir)], monkeypatch)
+           *small_training(own, run_dir, f"data_dir={tmp_path / 'data'}")], monkeypatch)
     coverage = read_drafter_config(run_dir / "drafter", "eagle")["training"]["draft_vocab_coverage"]
     draft_ids = set(load_file(str(run_dir / "drafter" / "weights.safetensors"))["draft_ids"].tolist())
-    [held] = (own["root"] / "data" / "heldout").iterdir()
+    [held] = (tmp_path / "data" / "heldout").iterdir()
     saved = load_file(str(held))
     following = saved["tokens"].long().roll(-1, 1)[saved["counts"].bool()].tolist()  # the target's greedy tokens
     assert len(draft_ids) == 12 and coverage["heldout"] == pytest.approx(

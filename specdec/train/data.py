@@ -362,7 +362,8 @@ def write_hidden(directory: Path, sequences: Sequences, shard_size: int, target:
     missing = [index for index in missing_shards(directory, len(sequences), shard_size) if index % world == rank]
     for done, index in enumerate(missing, 1):
         rows = range(index * shard_size, min((index + 1) * shard_size, len(sequences)))
-        parts = [target_hidden(target, sequences.tokens[first:first + batch_size].to(device), layers).to(dtype).cpu()
+        parts = [target_hidden(target, sequences.tokens[first:min(first + batch_size, rows.stop)].to(device),
+                               layers).to(dtype).cpu()  # a shard smaller than a batch holds its own rows alone
                  for first in range(rows.start, rows.stop, batch_size)]
         save_tensors({"hidden": torch.cat(parts)}, directory / shard_names(len(sequences), shard_size)[index])
         if progress is not None:
