@@ -58,7 +58,8 @@ def test_model_names_of_directories_hub_ids_and_hub_cache_snapshots(tmp_path):
     snapshot = tmp_path / "models--HuggingFaceTB--SmolLM2-135M-Instruct" / "snapshots" / "a1b2c3"
     snapshot.mkdir(parents=True)
     assert model_name(str(snapshot)) == "SmolLM2-135M-Instruct"
-    assert model_name("HuggingFaceTB/SmolLM2-135M") == "SmolLM2-135M" and model_name(str(tmp_path) + "/") == tmp_path.name
+    assert model_name("HuggingFaceTB/SmolLM2-135M") == "SmolLM2-135M"
+    assert model_name(str(tmp_path) + "/") == tmp_path.name
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "early_exit"])

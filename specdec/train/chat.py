@@ -41,9 +41,9 @@ def read_conversations(path: Path) -> list[list[dict]]:
             messages = json.loads(line)["messages"]
         except (json.JSONDecodeError, KeyError, TypeError):
             raise ValueError(f"{path}:{number} is not a JSON object with \"messages\"") from None
-        if not isinstance(messages, list) or not all(
-                isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in messages) \
-                or not any(m["role"] == "user" for m in messages):
+        well_formed = isinstance(messages, list) and all(
+            isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in messages)
+        if not well_formed or not any(m["role"] == "user" for m in messages):
             raise ValueError(f"{path}:{number}: messages must be a list of {{\"role\": {'|'.join(ROLES)}, "
                              f"\"content\": text}} holding a user turn")
         conversations.append(messages)
