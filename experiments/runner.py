@@ -490,7 +490,7 @@ class SpecdecSide:
 
     def measure(self, input_ids, mask, max_new_tokens, eos_token_id, seed) -> Measured:
         out = self.decoder.generate(input_ids, mask, max_new_tokens, eos_token_id, seed)
-        return Measured(out.tokens, lambda base, i: Metrics.measure(out.stats, base, i, self.k, self.tree,
+        return Measured(out.tokens, lambda base, i: Metrics.measure(out.stats, base, i, self.tree,
                                                                     self.compile_seconds, self.cost_ratio))
 
 

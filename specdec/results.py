@@ -205,10 +205,11 @@ class Metrics:
         "decodes, apart from the timings above (run); null for an eager run")
 
     @classmethod
-    def measure(cls, spec: DecodeStats, base: DecodeStats, row: int, k: int, tree: bool,
+    def measure(cls, spec: DecodeStats, base: DecodeStats, row: int, tree: bool,
                 compile_seconds: float | None = None, profiled_cost_ratio: float | None = None) -> Metrics:
         """Row ``row`` of a batch that both decoders ran: its own counts, the batch's timings (specdec.stats's
-        definitions). Leviathan's predicted speedup is for chains, so a token tree (``tree``) gets none.
+        definitions). Leviathan's predicted speedup is for chains, so a token tree (``tree``) gets none; a chain's
+        takes the k its steps drafted (drafted / steps that drafted), never a configured one.
         ``compile_seconds``: the run's warm-up, where it compiled (None: eager). ``profiled_cost_ratio``: the cost
         ratio of the run's forwards timed apart, for steps whose phases are not timed (the device step)."""
         counts = spec.rows[row]

@@ -45,7 +45,7 @@ def test_draft_equal_to_target_keeps_every_draft_of_every_step(target):
 
 def test_the_row_record_the_summary_and_vllms_acceptance_length(target, draft):
     out = decode(target, draft, specdec.Speculative(), k=4)
-    metrics = Metrics.measure(out.stats, out.stats, row=0, k=4, tree=False)
+    metrics = Metrics.measure(out.stats, out.stats, row=0, tree=False)
     h = out.stats.rows[0].steps_by_accepted
     assert metrics.accepted_histogram == h
     rows = [make_row("a", f"p{i}", accepted_histogram=[3, 1, 0, 2]) for i in range(3)]
