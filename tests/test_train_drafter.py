@@ -365,14 +365,14 @@ def test_shards_are_written_once_and_a_lost_one_alone_is_rewritten(tiny_pair, tm
     spec = data_lib.TargetContinuations(corpus=tiny_pair["corpus"], num_prompts=20, new_tokens=6, shard_size=8,
                                         heldout_fraction=0.2, temperature=1.0)
     corpus = corpus_lib.read_corpus(spec.corpus, spec.heldout_fraction)
-    directory = data_lib.data_directory(tmp_path, spec, {"target": target}, tokenizer)
+    directory = data_lib.data_directory(tmp_path, spec, corpus, {"target": target}, tokenizer)
     written = []
 
     def write(spec: data_lib.TargetContinuations) -> data_lib.Sequences:
         written.clear()
         data_lib.write_sequences(directory, spec, spec.openings(corpus, tokenizer), tokenizer, {"target": target},
                                  progress=lambda done, total: written.append(done))
-        return data_lib.read_sequences(directory, spec.num_prompts, spec.shard_size)
+        return data_lib.read_sequences(directory, spec.num_prompts, spec.shard_size, spec.width, len(tokenizer))
 
     first = write(spec)
     assert len(written) == 3 and len(first) == 20 and first.counts.sum(1).tolist() == [6] * 20
@@ -384,12 +384,12 @@ def test_shards_are_written_once_and_a_lost_one_alone_is_rewritten(tiny_pair, tm
     assert torch.equal(again.tokens, first.tokens) and torch.equal(again.counts, first.counts)
     # A larger run of the same spec shares the full shards and writes the rest; the smaller run's data stays.
     larger = data_lib.TargetContinuations(**{**spec.__dict__, "num_prompts": 30})
-    assert data_lib.data_directory(tmp_path, larger, {"target": target}, tokenizer) == directory
+    assert data_lib.data_directory(tmp_path, larger, corpus, {"target": target}, tokenizer) == directory
     bigger = write(larger)
     assert written == [1, 2] and torch.equal(bigger.tokens[:16], first.tokens[:16])
     assert torch.equal(write(spec).tokens, first.tokens) and written == []
     other = data_lib.TargetContinuations(**{**spec.__dict__, "seed": 1})
-    assert data_lib.data_directory(tmp_path, other, {"target": target}, tokenizer) != directory
+    assert data_lib.data_directory(tmp_path, other, corpus, {"target": target}, tokenizer) != directory
 
 
 def test_held_out_prompts_come_from_held_out_documents_only(tiny_pair):

