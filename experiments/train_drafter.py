@@ -488,9 +488,11 @@ def run(plan: Plan, texts: Texts) -> None:
         bar.set_postfix(loss=f"{loss:.4f}", tau=f"{best.tau:.3f}" if best.tau > 0 else "-", loop_tau=walked,
                         refresh=False)
 
-    outcome = train(plan.settings, family, target, TrainingData(sequences, hidden.values),
-                    heldout, plan.out, ranks, plan.logger, info, progress)
-    bar.close()
+    try:
+        outcome = train(plan.settings, family, target, TrainingData(sequences, hidden.values),
+                        heldout, plan.out, ranks, plan.logger, info, progress)
+    finally:
+        bar.close()
     if ranks.main:
         write_summary(plan, outcome, parameters)
     barrier(ranks)
