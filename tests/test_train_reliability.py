@@ -160,3 +160,13 @@ def test_a_corpus_edited_in_place_is_read_again(tiny_pair, tmp_path, monkeypatch
     corpus.write_text("\n\n".join(" ".join(reversed(document.split())) for document in documents))
     run_app(tiny_pair, tmp_path / "second", monkeypatch, data_dir=str(data), **{"data.corpus": str(corpus)})
     assert len([path for path in data.iterdir() if path.name.startswith("targetcontinuations-")]) == 2
+
+
+def test_a_run_directory_another_process_writes_is_refused(tiny_pair, tmp_path, monkeypatch, capsys):
+    from experiments.rundir import RunLock
+
+    run = tmp_path / "run"
+    with RunLock(run):
+        line = refusal(tiny_pair, run, monkeypatch, capsys)
+    assert line.startswith(f"config error: run directory {run} is being written by "), line
+    assert not (run / "train_config.yaml").exists()
