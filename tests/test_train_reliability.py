@@ -38,7 +38,7 @@ def stopped_line(capsys) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1].split("\r")[-1]
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=pytest.mark.slow)])
 def test_half_precision_training_writes_a_finite_drafter(tiny_pair, tmp_path, monkeypatch, dtype):
     run_app(tiny_pair, tmp_path / dtype, monkeypatch, dtype=dtype)
     summary = json.loads((tmp_path / dtype / "summary.json").read_text())
@@ -96,6 +96,7 @@ def test_a_diverging_run_stops_and_writes_no_non_finite_weights(tiny_pair, tmp_p
         json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in log.jsonl"))
 
 
+@pytest.mark.slow
 def test_a_damaged_log_line_is_set_aside_and_no_good_line_is_lost(tiny_pair, tmp_path, monkeypatch):
     run = tmp_path / "run"
     run_app(tiny_pair, run, monkeypatch, steps=8, checkpoint_every=8)
@@ -131,16 +132,29 @@ def test_a_damaged_checkpoint_is_named(tiny_pair, tmp_path, monkeypatch, capsys,
     assert line.startswith("training stopped: ") and expected in line and "state-000000004.pt" in line
 
 
-def test_a_damaged_shard_is_named(tiny_pair, tmp_path, monkeypatch, capsys):
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern, damage", [
+    ("*/shard-00000.safetensors", "truncate"),
+    ("*/hidden-*/shard-00000.safetensors", "truncate"),
+    ("heldout/heldout-*.safetensors", "truncate"),
+    ("*/shard-00000.safetensors", "out_of_vocabulary"),
+])
+def test_a_damaged_data_file_is_named(tiny_pair, tmp_path, monkeypatch, capsys, pattern, damage):
     data = tmp_path / "data"
-    run_app(tiny_pair, tmp_path / "first", monkeypatch, data_dir=str(data))
-    shard = sorted(data.glob("*/shard-00000.safetensors"))[0]
-    shard.write_bytes(shard.read_bytes()[:100])
+    run_app(tiny_pair, tmp_path / "first", monkeypatch, data_dir=str(data), hidden="cache")
+    path = sorted(data.glob(pattern))[0]
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:100])
+    else:
+        from safetensors.torch import load_file, save_file
+        tensors = load_file(str(path))
+        tensors["tokens"][0, 0] = 10**6
+        save_file(tensors, str(path))
     with pytest.raises(SystemExit) as exit_info:
-        run_app(tiny_pair, tmp_path / "second", monkeypatch, data_dir=str(data))
+        run_app(tiny_pair, tmp_path / "second", monkeypatch, data_dir=str(data), hidden="cache")
     assert exit_info.value.code == 1
     line = stopped_line(capsys)
-    assert str(shard) in line and "delete it" in line
+    assert line.startswith(f"training stopped: {path} is damaged") and "delete it" in line, line
 
 
 def test_a_damaged_train_config_is_named(tiny_pair, tmp_path, monkeypatch, capsys):
@@ -151,6 +165,7 @@ def test_a_damaged_train_config_is_named(tiny_pair, tmp_path, monkeypatch, capsy
     assert "train_config.yaml is damaged" in line
 
 
+@pytest.mark.slow
 def test_a_corpus_edited_in_place_is_read_again(tiny_pair, tmp_path, monkeypatch):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(Path(tiny_pair["corpus"]).read_text())
