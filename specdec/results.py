@@ -378,6 +378,40 @@ def type_problem(row: dict) -> str | None:
     return None
 
 
+# Keys that change nothing a run computes (where it is written, how it is watched, how long it may take): a run
+# resumes with them changed (both apps), and analysis compares runs without them. Dotted keys reach into a group.
+FREE_KEYS = ("resume", "group", "hydra", "logger", "threads", "max_minutes")
+# Which of a prompt set's prompts a run took: the rows name their prompts, so analysis also compares without them.
+PROMPT_SELECTION_KEYS = ("num_prompts", "data.limit", "requested")
+
+
+def without_keys(config: dict, keys: tuple[str, ...]) -> dict:
+    """``config`` less ``keys`` (a dotted key removes one key of a group)."""
+    config = {key: value for key, value in config.items() if key not in keys}
+    for group, _, name in (key.partition(".") for key in keys if "." in key):
+        if isinstance(config.get(group), dict):
+            config[group] = {key: value for key, value in config[group].items() if key != name}
+    return config
+
+
+def config_difference(old: dict, new: dict, free: tuple[str, ...] = FREE_KEYS) -> str | None:
+    """The first dotted key outside ``free`` where two configs differ, as 'key: old -> new'; None where they agree
+    (the one comparison of configs: resume in both apps, and analysis)."""
+    return first_difference(without_keys(old, free), without_keys(new, free), "")
+
+
+def first_difference(old: dict, new: dict, prefix: str) -> str | None:
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            found = first_difference(a, b, f"{prefix}{key}.")
+            if found:
+                return found
+        elif a != b:
+            return f"{prefix}{key}: {a!r} -> {b!r}"
+    return None
+
+
 def json_ready(value):
     """``value`` with every non-finite float, at any depth, as None: JSON has no NaN."""
     if isinstance(value, float) and not math.isfinite(value):
