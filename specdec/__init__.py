@@ -8,6 +8,7 @@
 
 from specdec.api import generate
 from specdec.batching import left_pad
+from specdec.block import BlockVerification
 from specdec.cache import FORWARDS
 from specdec.api import Decoder
 from specdec.emit import GenerationOutput, NonFiniteLogitsError, StrategyVerdictError
@@ -69,6 +70,7 @@ __all__ = [
     "STRATEGIES",
     "Greedy",
     "Speculative",
+    "BlockVerification",
     "TopK",
     "Typical",
     "SyntheticAcceptance",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.block import BlockVerification
 from specdec.checks import check_draft_length, check_positive, check_probability, check_strategy_object
 from specdec.interfaces import AcceptanceStrategy, as_strategy
 from specdec.rules import (
@@ -252,6 +253,7 @@ STRATEGIES = {
     "typical": Typical,
     "topk": TopK,
     "synthetic": SyntheticAcceptance,
+    "block": BlockVerification,
 }
 
 
