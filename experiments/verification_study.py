@@ -9,7 +9,8 @@ Each comparison pairs a rule with its baseline rule on the same drafter, tempera
 chain, ``ModelDrafter(num_drafts=4)``, T = 1, k = 4) and ``traversal`` (traversal vs top-down verification of the
 dynamic tree, T = 1). Held-out prompts of the embedded pair, EOS ignored, every seed on every prompt. The gain's
 interval resamples prompts (each prompt keeps its seeds), both rules' counts together. Writes one JSON line per
-(comparison, setting, rule, seed) to --out and prints the table.
+(comparison, setting, rule, seed) to --out as each run ends, seed by seed, and skips runs already there (a stopped
+sweep resumes); --report prints the table of what --out holds.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def chain(pair):
 
 def block_settings() -> list[tuple[float, int, Arm, Arm]]:
     """[(temperature, k, rule, baseline rule)]: block vs token-wise on a chain."""
+    settings = [(1.0, 8), (1.0, 4), (0.7, 8), (0.7, 4), (1.0, 2), (0.7, 2)]  # the largest expected gains first
     return [(t, k, Arm("block", chain, specdec.BlockVerification()), Arm("token-wise", chain, specdec.Speculative()))
-             for t in (1.0, 0.7) for k in (2, 4, 8)]
+            for t, k in settings]
 
 
 def chains_settings() -> list[tuple[float, int, Arm, Arm]]:
@@ -94,6 +96,42 @@ def tau_and_gain(rule: torch.Tensor, base: torch.Tensor, seed: int = 0) -> dict:
             "gain_high": high}
 
 
+def plan(names: list[str], seeds: list[int]) -> list[tuple[str, float, int, Arm, int]]:
+    """Every run, seed by seed (a cut-off sweep still has each setting once), in the order the names come."""
+    return [(name, temperature, k, arm, seed) for seed in seeds for name in names
+            for temperature, k, rule, base in COMPARISONS[name]() for arm in (rule, base)]
+
+
+def done_runs(path: Path) -> dict[tuple, list]:
+    """(comparison, temperature, k, rule, seed) -> counts, of the runs already in ``path``."""
+    if not path.exists():
+        return {}
+    runs = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        runs[row["comparison"], row["temperature"], row["k"], row["rule"], row["seed"]] = row["counts"]
+    return runs
+
+
+def report(names: list[str], runs: dict[tuple, list]) -> list[str]:
+    """The table of every setting whose two rules share at least one seed."""
+    lines = ["| comparison | T | k | rule | tau | baseline | tau | gain [95% CI] | seeds x prompts |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name in names:
+        for temperature, k, rule, base in COMPARISONS[name]():
+            seeds = sorted({key[4] for key in runs if key[:4] == (name, temperature, k, rule.label)}
+                           & {key[4] for key in runs if key[:4] == (name, temperature, k, base.label)})
+            if not seeds:
+                continue
+            measured = [torch.tensor([runs[name, temperature, k, arm.label, seed] for seed in seeds],
+                                     dtype=torch.float64).transpose(0, 1) for arm in (rule, base)]  # [P, S, 2]
+            r = tau_and_gain(*measured)
+            lines.append(f"| {name} | {temperature} | {k} | {rule.label} | {r['tau']:.3f} | {base.label} | "
+                         f"{r['tau_base']:.3f} | {100 * r['gain']:+.1f}% [{100 * r['gain_low']:+.1f}, "
+                         f"{100 * r['gain_high']:+.1f}] | {len(seeds)} x {measured[0].shape[0]} |")
+    return lines
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser("experiments.verification_study", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,37 +140,34 @@ def main(argv=None) -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--out", type=Path, default=Path("verification_study.jsonl"))
+    parser.add_argument("--report", action="store_true", help="print the table of the runs in --out; run nothing")
     args = parser.parse_args(argv)
-    known = COMPARISONS
     names = args.comparisons.split(",")
-    unknown = [name for name in names if name not in known]
+    unknown = [name for name in names if name not in COMPARISONS]
     if unknown:
-        raise SystemExit(f"unknown comparisons {unknown}; known: {', '.join(known)}")
-    seeds = [int(s) for s in args.seeds.split(",")]
+        raise SystemExit(f"unknown comparisons {unknown}; known: {', '.join(COMPARISONS)}")
+    if not args.report:
+        run_all(names, [int(s) for s in args.seeds.split(",")], args.prompts, args.tokens, args.out)
+    print("\n".join(report(names, done_runs(args.out))))
+
+
+def run_all(names: list[str], seeds: list[int], prompts: int, tokens: int, out: Path) -> None:
+    """Every planned run not yet in ``out``, each appended to it as it ends (a stopped sweep resumes)."""
     torch.set_grad_enabled(False)
     pair = specdec.load_pair("embedded", device="cpu", dtype="float32")
-    texts = [prompt.text for prompt in specdec.load_prompts("embedded_heldout", limit=args.prompts)]
+    texts = [prompt.text for prompt in specdec.load_prompts("embedded_heldout", limit=prompts)]
     ids, mask = left_pad([pair.tokenizer(text).input_ids for text in texts], pair.tokenizer.pad_token_id)
-    lines = ["| comparison | T | k | rule | tau | baseline | tau | gain [95% CI] |", "|---|---|---|---|---|---|---|---|"]
-    with args.out.open("a") as log:
-        for name in names:
-            for temperature, k, rule, base in known[name]():
-                measured = {}
-                for arm in (rule, base):
-                    per_seed = []
-                    for seed in seeds:
-                        rows = counts(pair, arm, ids, mask, temperature, k, args.tokens, seed)
-                        log.write(json.dumps({"comparison": name, "temperature": temperature, "k": k,
-                                              "rule": arm.label, "seed": seed, "counts": rows}) + "\n")
-                        log.flush()
-                        per_seed.append(rows)
-                    measured[arm.label] = torch.tensor(per_seed, dtype=torch.float64).transpose(0, 1)  # [P, S, 2]
-                r = tau_and_gain(measured[rule.label], measured[base.label])
-                lines.append(f"| {name} | {temperature} | {k} | {rule.label} | {r['tau']:.3f} | {base.label} | "
-                             f"{r['tau_base']:.3f} | {100 * r['gain']:+.1f}% [{100 * r['gain_low']:+.1f}, "
-                             f"{100 * r['gain_high']:+.1f}] |")
-                print(lines[-1], flush=True)
-    print("\n".join(lines))
+    done = done_runs(out)
+    with out.open("a") as log:
+        for name, temperature, k, arm, seed in plan(names, seeds):
+            if (name, temperature, k, arm.label, seed) in done:
+                continue
+            rows = counts(pair, arm, ids, mask, temperature, k, tokens, seed)
+            log.write(json.dumps({"comparison": name, "temperature": temperature, "k": k, "rule": arm.label,
+                                  "seed": seed, "prompts": prompts, "tokens": tokens, "counts": rows}) + "\n")
+            log.flush()
+            print(f"{name} T={temperature} k={k} {arm.label} seed {seed}: tau "
+                  f"{sum(e for e, _ in rows) / sum(c for _, c in rows):.3f}", flush=True)
 
 
 if __name__ == "__main__":
