@@ -5,9 +5,8 @@ the classic one, with bootstrap intervals over prompts. Counts only: tau does no
     python -m experiments.verification_study --comparisons block --prompts 16 --seeds 0
 
 Each comparison pairs a rule with its baseline rule on the same drafter, temperature and k (docs/verification.md):
-``block`` (BlockVerification vs Speculative on a chain, T = 1 and 0.7, k = 2, 4, 8), ``chains`` (4 chains vs 1
-chain, ``ModelDrafter(num_drafts=4)``, T = 1, k = 4) and ``traversal`` (traversal vs top-down verification of the
-dynamic tree, T = 1). Held-out prompts of the embedded pair, EOS ignored, every seed on every prompt. The gain's
+``block`` (BlockVerification vs Speculative on a chain, T = 1 and 0.7, k = 2, 4, 8) and ``chains`` (4 chains vs 1
+chain, ``ModelDrafter(num_drafts=4)``, T = 1, k = 4). Held-out prompts of the embedded pair, EOS ignored, every seed on every prompt. The gain's
 interval resamples prompts (each prompt keeps its seeds), both rules' counts together. Writes one JSON line per
 (comparison, setting, rule, seed) to --out as each run ends, seed by seed, and skips runs already there (a stopped
 sweep resumes); --report prints the table of what --out holds.
@@ -56,17 +55,7 @@ def chains_settings() -> list[tuple[float, int, Arm, Arm]]:
                Arm("1 chain", chain, specdec.Speculative()))]
 
 
-def dynamic_tree(pair):
-    return specdec.DynamicTreeDrafter(pair.draft)  # the defaults of configs/drafter/dynamic_tree.yaml
-
-
-def traversal_settings() -> list[tuple[float, int, Arm, Arm]]:
-    """Traversal vs top-down verification of the same dynamic trees (depth 5)."""
-    return [(1.0, 5, Arm("traversal", dynamic_tree, specdec.Traversal()),
-             Arm("top-down", dynamic_tree, specdec.Speculative()))]
-
-
-COMPARISONS = {"block": block_settings, "chains": chains_settings, "traversal": traversal_settings}
+COMPARISONS = {"block": block_settings, "chains": chains_settings}
 
 
 def counts(pair, arm: Arm, ids, mask, temperature: float, k: int, tokens: int, seed: int) -> list[tuple[int, int]]:
@@ -97,9 +86,12 @@ def tau_and_gain(rule: torch.Tensor, base: torch.Tensor, seed: int = 0) -> dict:
 
 
 def plan(names: list[str], seeds: list[int]) -> list[tuple[str, float, int, Arm, int]]:
-    """Every run, seed by seed (a cut-off sweep still has each setting once), in the order the names come."""
-    return [(name, temperature, k, arm, seed) for seed in seeds for name in names
-            for temperature, k, rule, base in COMPARISONS[name]() for arm in (rule, base)]
+    """Every run, seed by seed (a cut-off sweep still has each setting once); within a seed the comparisons take
+    turns, each in its own order (its likeliest gains first)."""
+    settings = {name: COMPARISONS[name]() for name in names}
+    turns = range(max(len(listed) for listed in settings.values()))
+    return [(name, *settings[name][turn][:2], arm, seed) for seed in seeds for turn in turns for name in names
+            if turn < len(settings[name]) for arm in settings[name][turn][2:]]
 
 
 def done_runs(path: Path) -> dict[tuple, list]:
@@ -135,7 +127,7 @@ def report(names: list[str], runs: dict[tuple, list]) -> list[str]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser("experiments.verification_study", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--comparisons", default="block,chains,traversal")
+    parser.add_argument("--comparisons", default="block,chains")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--seeds", default="0,1")

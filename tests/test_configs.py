@@ -35,7 +35,8 @@ def test_every_group_has_the_expected_options():
     assert {"greedy", "t1", "t07_topp09"} <= names["sampling"]
     assert names["draft_length"] == {"fixed", "heuristic", "confidence", "cost_optimal"}
     assert names["drafter"] == {
-        "model", "ngram", "early_exit", "tree", "dynamic_tree", "tree_searched", "cross_tokenizer", "eagle", "medusa"
+        "model", "chains", "ngram", "early_exit", "tree", "dynamic_tree", "tree_searched", "cross_tokenizer", "eagle",
+        "medusa"
     }
     assert names["data"] == {"embedded_heldout", "file", "task_suite"} and names["logger"] == {"none", "wandb"}
     assert names["system"] == {"specdec", "hf_generate", "hf_assisted"}
