@@ -5,8 +5,9 @@ the classic one, with bootstrap intervals over prompts. Counts only: tau does no
     python -m experiments.verification_study --comparisons block --prompts 16 --seeds 0
 
 Each comparison pairs a rule with its baseline rule on the same drafter, temperature and k (docs/verification.md):
-``block`` (BlockVerification vs Speculative on a chain, T = 1 and 0.7, k = 2, 4, 8) and ``chains`` (4 chains vs 1
-chain, ``ModelDrafter(num_drafts=4)``, T = 1, k = 4). Held-out prompts of the embedded pair, EOS ignored, every seed on every prompt. The gain's
+``block`` (BlockVerification vs Speculative on a chain, T = 1 and 0.7, k = 2, 4, 8), ``chains`` (4 chains vs 1
+chain, ``ModelDrafter(num_drafts=4)``, T = 1, k = 4) and ``traversal`` (traversal vs top-down verification of the
+dynamic tree, T = 1). Held-out prompts of the embedded pair, EOS ignored, every seed on every prompt. The gain's
 interval resamples prompts (each prompt keeps its seeds), both rules' counts together. Writes one JSON line per
 (comparison, setting, rule, seed) to --out as each run ends, seed by seed, and skips runs already there (a stopped
 sweep resumes); --report prints the table of what --out holds.
@@ -55,7 +56,17 @@ def chains_settings() -> list[tuple[float, int, Arm, Arm]]:
                Arm("1 chain", chain, specdec.Speculative()))]
 
 
-COMPARISONS = {"block": block_settings, "chains": chains_settings}
+def dynamic_tree(pair):
+    return specdec.DynamicTreeDrafter(pair.draft)  # the defaults of configs/drafter/dynamic_tree.yaml
+
+
+def traversal_settings() -> list[tuple[float, int, Arm, Arm]]:
+    """Traversal vs top-down verification of the same dynamic trees (up to 5 levels, 16 nodes)."""
+    return [(1.0, 5, Arm("traversal", dynamic_tree, specdec.Traversal()),
+             Arm("top-down", dynamic_tree, specdec.Speculative()))]
+
+
+COMPARISONS = {"block": block_settings, "chains": chains_settings, "traversal": traversal_settings}
 
 
 def counts(pair, arm: Arm, ids, mask, temperature: float, k: int, tokens: int, seed: int) -> list[tuple[int, int]]:
@@ -127,7 +138,7 @@ def report(names: list[str], runs: dict[tuple, list]) -> list[str]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser("experiments.verification_study", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--comparisons", default="block,chains")
+    parser.add_argument("--comparisons", default="block,chains,traversal")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--seeds", default="0,1")

@@ -9,6 +9,7 @@
 from specdec.api import generate
 from specdec.batching import left_pad
 from specdec.block import BlockVerification
+from specdec.traversal import Traversal
 from specdec.cache import FORWARDS
 from specdec.api import Decoder
 from specdec.emit import GenerationOutput, NonFiniteLogitsError, StrategyVerdictError
@@ -71,6 +72,7 @@ __all__ = [
     "Greedy",
     "Speculative",
     "BlockVerification",
+    "Traversal",
     "TopK",
     "Typical",
     "SyntheticAcceptance",

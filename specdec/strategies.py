@@ -27,6 +27,7 @@ from specdec.rules import (
     probs_of, row_at, speculative_tree,
 )
 from specdec.sampling import sample
+from specdec.traversal import Traversal
 from specdec.tree import as_rows
 from specdec.types import Verdict
 
@@ -254,6 +255,7 @@ STRATEGIES = {
     "topk": TopK,
     "synthetic": SyntheticAcceptance,
     "block": BlockVerification,
+    "traversal": Traversal,
 }
 
 

@@ -31,7 +31,7 @@ def test_every_group_has_the_expected_options():
     names = {group: {option for g, option in OPTIONS if g == group} for group in GROUPS}
     assert names["pair"] == {"embedded", "gpt2-xl", "gpt2-large", "gpt2-medium", "gpt2-xl-shaped",
                              "gpt2-large-shaped", "gpt2-medium-shaped"}
-    assert names["strategy"] == {"greedy", "speculative", "block", "typical", "topk", "synthetic"}
+    assert names["strategy"] == {"greedy", "speculative", "block", "traversal", "typical", "topk", "synthetic"}
     assert {"greedy", "t1", "t07_topp09"} <= names["sampling"]
     assert names["draft_length"] == {"fixed", "heuristic", "confidence", "cost_optimal"}
     assert names["drafter"] == {
