@@ -47,7 +47,7 @@ def test_an_option_on_the_search_path_passes_and_one_nowhere_is_named(my_configs
                                 "strategy=threshold,speculative"], CONFIGS) is None
     assert check_group_options(["--config-dir", "my_configs", "drafter=my_head"], CONFIGS) is None
     problem = check_group_options(["drafter=my_head"], CONFIGS)
-    assert problem.startswith("drafter=my_head is not an option of drafter; options: cross_tokenizer")
+    assert problem.startswith("drafter=my_head is not an option of drafter; options: ") and "eagle, " in problem
     problem = check_group_options(["hydra.searchpath=[file://my_configs]", "drafter=my_hed"], CONFIGS)
     assert problem.endswith("did you mean drafter=my_head?") and "my_head" in problem.split("options: ")[1]
 
