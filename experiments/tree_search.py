@@ -47,7 +47,7 @@ from experiments.harness import (
 from experiments.refusal import check_device, check_pair, check_writable
 from specdec import Clock
 from specdec.batching import left_pad
-from specdec.costs import CostModel, CostTable
+from specdec.costs import CostModel, CostTable, monotone
 from specdec.models import SHAPED_PRESETS
 from specdec.profile import time_forwards, time_tree_forwards
 from specdec.tree import MAX_TREE_NODES
@@ -307,20 +307,6 @@ def interleaved_costs(model, prompt: torch.Tensor, widths: list[int], node_count
             tree_rounds.append(time_tree_forwards(model, prompt, node_counts, repeats=1, warmup=1, clock=clock))
     return ({n: min(r[n] for r in chain_rounds) for n in widths},
             {n: min(r[n] for r in tree_rounds) for n in node_counts})
-
-
-def monotone(costs: dict[int, float]) -> dict[int, float]:
-    """Costs by size fitted non-decreasing (isotonic regression, pool adjacent violators): a forward of more tokens
-    never costs less, so a dip is noise (and a search would exploit it); a spike is averaged with its neighbours
-    rather than carried to every larger size."""
-    blocks: list[list[float]] = []  # [mean, count] of pooled runs of sizes
-    for n in sorted(costs):
-        blocks.append([costs[n], 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (upper, m), (lower, k) = blocks.pop(), blocks.pop()
-            blocks.append([(upper * m + lower * k) / (m + k), m + k])
-    fitted = [mean for mean, count in blocks for _ in range(int(count))]
-    return dict(zip(sorted(costs), fitted))
 
 
 # --- decoding ---------------------------------------------------------------------------------------------------

@@ -165,12 +165,36 @@ def doubling_rows(batch_size: int) -> list[int]:
     return rows + ([batch_size] if batch_size > 1 else [])
 
 
+def monotone(costs: dict[int, float]) -> dict[int, float]:
+    """Costs by size fitted non-decreasing (isotonic regression, pool adjacent violators): a forward of more tokens
+    never costs less, so a dip is noise (and a search would exploit it); a spike is averaged with its neighbours
+    rather than carried to every larger size."""
+    blocks: list[list[float]] = []  # [mean, count] of pooled runs of sizes
+    for n in sorted(costs):
+        blocks.append([costs[n], 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (upper, m), (lower, k) = blocks.pop(), blocks.pop()
+            blocks.append([(upper * m + lower * k) / (m + k), m + k])
+    fitted = [mean for mean, count in blocks for _ in range(int(count))]
+    return dict(zip(sorted(costs), fitted))
+
+
+def sample_widths(largest: int) -> list[int]:
+    """The widths a table is measured at, up to ``largest``: 1, 2, 3, then doubling; interpolated between."""
+    widths, n = [1, 2, 3], 5
+    while n < largest:
+        widths.append(n)
+        n = 2 * n - 1
+    return [w for w in widths if w < largest] + [largest]
+
+
 def measure_table(model: torch.nn.Module, rows: Iterable[int], widths: Iterable[int], repeats: int = 3,
                   context: int = COST_CONTEXT, forward: str = "auto", clock: Clock | None = None,
                   label: str = "model", seed: int = 0) -> CostTable:
-    """A model's ``CostTable``: the median seconds of its forward of each of ``widths`` tokens per row over a cache
-    of ``context`` random tokens per row, at each of ``rows`` (``specdec.profile.time_forwards``, eager, as the host
-    step runs it)."""
+    """A model's ``CostTable``: the seconds of its forward of each of ``widths`` tokens per row over a cache of
+    ``context`` random tokens per row, at each of ``rows`` (``specdec.profile.time_forwards``, eager, as the host
+    step runs it): the fastest of ``repeats`` rounds, since load on a shared machine only ever adds time, fitted
+    non-decreasing in the width at each row count and in the rows at each width (``monotone``)."""
     widths = sorted(set(widths))
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
@@ -178,20 +202,22 @@ def measure_table(model: torch.nn.Module, rows: Iterable[int], widths: Iterable[
     seconds = {}
     for b in sorted(set(rows)):
         prompt = torch.randint(0, model.config.vocab_size, (b, width), generator=generator).to(device)  # [b, C]
-        seconds[b] = time_forwards(model, prompt, widths, repeats=repeats, warmup=1, clock=clock, label=label,
-                                   forward=forward)
-    return CostTable(seconds)
+        rounds = [time_forwards(model, prompt, widths, repeats=1, warmup=1 if not i else 0, clock=clock,
+                                label=label, forward=forward) for i in range(repeats)]
+        seconds[b] = monotone({n: min(r[n] for r in rounds) for n in widths})
+    by_width = {n: monotone({b: seconds[b][n] for b in seconds}) for n in widths}
+    return CostTable({b: {n: by_width[n][b] for n in widths} for b in seconds})
 
 
 def measure_costs(target: torch.nn.Module, draft: torch.nn.Module | None, batch_size: int, k_max: int,
                   repeats: int = 3, forward: str = "auto", clock: Clock | None = None) -> CostModel:
     """The chain costs of ``target`` drafted by ``draft`` (None: no model to time) for batches of up to
     ``batch_size`` rows and drafts of up to ``k_max`` tokens: the target's forward of 1..k_max + 1 tokens per row
-    and the draft's of one, at ``doubling_rows(batch_size)`` rows. A second or two for the embedded pair on a CPU."""
+    (``sample_widths``) and the draft's of one, at ``doubling_rows(batch_size)`` rows. A second or two for the embedded pair on a CPU."""
     rows = doubling_rows(batch_size)
     weight = next(target.parameters())
     setting = f"{weight.device.type}, {str(weight.dtype).removeprefix('torch.')}"
-    target_table = measure_table(target, rows, range(1, k_max + 2), repeats, forward=forward, clock=clock,
+    target_table = measure_table(target, rows, sample_widths(k_max + 1), repeats, forward=forward, clock=clock,
                                  label="target")
     draft_table = None if draft is None else measure_table(draft, rows, [1], repeats, forward=forward, clock=clock,
                                                            label="draft")
