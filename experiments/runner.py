@@ -424,8 +424,10 @@ class SpecdecSide:
 
     def measure(self, input_ids, mask, max_new_tokens, eos_token_id, seed) -> Measured:
         out = self.decoder.generate(input_ids, mask, max_new_tokens, eos_token_id, seed)
+        step_costs = self.decoder.draft_length.step_costs()
         return Measured(out.tokens, lambda base, i: Metrics.measure(out.stats, base, i, self.k, self.tree,
-                                                                    self.compile_seconds, self.cost_ratio))
+                                                                    self.compile_seconds, self.cost_ratio,
+                                                                    step_costs))
 
 
 class TransformersSide:
