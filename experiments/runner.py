@@ -57,6 +57,7 @@ from specdec.results import (
 # the loaded pair (pair, device, dtype, and how transformers is called on it), or per batch (batch_size).
 UNSETTLED_COLUMNS = ("run_id", "group", "batch_size", "pair", "device", "dtype", "system_settings")
 LOADED_COLUMNS = ("pair", "device", "dtype", "system_settings")
+MIN_TIMED_CALLS = 4  # fewer timed generate calls per side than this, and a run says its speedup is noise
 
 
 @dataclass
@@ -359,6 +360,10 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
                                setting.sampling, compile=cfg.compile, forward=cfg.forward)
     eos = tokenizer.eos_token_id if cfg.stop_at_eos else None
     batches = [prompts[i : i + cfg.batch_size] for i in range(0, len(prompts), cfg.batch_size)]
+    if len(batches) < MIN_TIMED_CALLS:
+        print(f"warning: {len(batches)} timed call(s) per side (num_prompts={len(prompts)}, batch_size="
+              f"{cfg.batch_size}): a speedup from fewer than {MIN_TIMED_CALLS} calls is noise; use num_prompts >= "
+              f"{MIN_TIMED_CALLS * cfg.batch_size}", file=sys.stderr)
     encoded = [encode(tokenizer, [p.text for p in batch], device) for batch in batches]
     side = TransformersSide(setting, pair) if setting.system.is_transformers else SpecdecSide(cfg, setting, pair)
     side.compile_seconds = warm_up(cfg, (baseline.generate, side.warm), encoded, device)
