@@ -130,7 +130,10 @@ class CostOptimalLength(DraftLengthPolicy):
     drafts k over the B' rows the forwards compute (``specdec.costs``): k draft forwards, the target's verification
     of k + 1 tokens per row, and the loop's overhead. k = 0 is a plain decode step (B' tokens per step); a k > 0 is
     taken only where it beats k = 0 by the relative ``margin``, so that the policy is not slower than decoding
-    without a draft by more than the cost model's error. As the batch grows the target's verification costs grow
+    without a draft by more than the cost model's error. After ``explore_every`` - 1 plain decode steps in a row the
+    next step drafts the best k >= 1 anyway, so that acceptance and the draft's cost stay measured (a choice of 0
+    from stale estimates would never be revisited); where drafting does not pay this costs one step in
+    ``explore_every``. As the batch grows the target's verification costs grow
     with B' (k + 1), and the choice shortens to k = 0; as rows finish and leave, it lengthens again.
 
     The costs: ``costs`` (a ``specdec.costs.CostModel``), or, where None, measured by ``specdec.costs.measure_costs``
@@ -164,6 +167,7 @@ class CostOptimalLength(DraftLengthPolicy):
         margin: float = 0.02,
         costs: CostModel | None = None,
         repeats: int = 3,
+        explore_every: int = 16,
     ):
         self.k_max = check_draft_length("k_max", k_max)
         self.prior_acceptance = check_probability("prior_acceptance", prior_acceptance)
@@ -173,6 +177,7 @@ class CostOptimalLength(DraftLengthPolicy):
         if costs is not None and not isinstance(costs, CostModel):
             raise TypeError(f"costs must be a specdec.costs.CostModel or None (measured), got {type(costs).__name__}")
         self.repeats = check_draft_length("repeats", repeats)
+        self.explore_every = check_draft_length("explore_every", explore_every)
         self.costs = costs
         self.measure: Callable[[int], CostModel] | None = None  # set by ``bind``: times the models at a batch size
         self.target_scale = self.draft_scale = 1.0  # measured / modelled seconds of each model's forwards
@@ -204,6 +209,7 @@ class CostOptimalLength(DraftLengthPolicy):
         self.row_successes = self.row_trials = None  # [B'] per row, from the call's first step on
         self.generating: torch.Tensor | None = None  # [B'] bool, rows that generate in the next step
         self.first_step = True
+        self.plain_steps = 0  # plain decode steps chosen in a row
         self.rows_fed = self.call_rows  # rows the next step's forwards compute
         self.step_started = math.nan
         self.chosen_k: list[int] = []
@@ -240,17 +246,19 @@ class CostOptimalLength(DraftLengthPolicy):
         tokens = powers.cumsum(1).sum(0).tolist()  # [k_max+1] sum_r E(a_r, k)
         return [tokens[k] / self.step_seconds(k, rows) for k in range(self.k_max + 1)]
 
-    def best_k(self, acceptances: torch.Tensor, rows: int) -> int:
+    def best_k(self, acceptances: torch.Tensor, rows: int, drafting: bool = False) -> int:
         """The k of the highest rate, the smallest within a relative 1e-9 of it; 0 unless that beats k = 0's rate
-        by ``margin``."""
+        by ``margin`` (``drafting``: the best k >= 1 whatever k = 0's rate)."""
         rates = self.rates(acceptances, rows)
         best = max(rates[1:])
         k = min(k for k in range(1, self.k_max + 1) if rates[k] >= best * (1 - TIE_TOLERANCE))
-        return k if rates[k] > rates[0] * (1 + self.margin) else 0
+        return k if drafting or rates[k] > rates[0] * (1 + self.margin) else 0
 
     def next_k(self) -> int:
         self.ensure_costs(self.rows_fed)
-        k = self.best_k(self.row_acceptances(), self.rows_fed)
+        explore = self.plain_steps + 1 >= self.explore_every  # a draft now and then keeps a and its costs measured
+        k = self.best_k(self.row_acceptances(), self.rows_fed, drafting=explore)
+        self.plain_steps = 0 if k else self.plain_steps + 1
         self.chosen_k.append(k)
         self.pending_model = self.step_seconds(k, self.rows_fed)
         self.step_started = time.perf_counter()
@@ -266,6 +274,8 @@ class CostOptimalLength(DraftLengthPolicy):
         self.costs = self.measure(rows)
 
     def observe(self, outcome: StepOutcome) -> None:
+        if self.costs is None:  # never asked for a k (a loop that does not speculate): nothing to learn
+            return
         wall = time.perf_counter() - self.step_started
         rows = outcome.num_accepted.shape[0]
         if self.first_step:

@@ -198,6 +198,15 @@ def test_cost_optimal_learns_the_machine_from_step_timings():
     assert modelled > 0 and measured >= 0
 
 
+def test_cost_optimal_drafts_once_in_every_explore_every_steps_where_drafting_does_not_pay():
+    policy = CostOptimalLength(k_max=4, prior_acceptance=0.05, costs=costs_growing(per_token=1.0), explore_every=5)
+    ks = []
+    for _ in range(15):
+        ks.append(policy.next_k())
+        policy.observe(outcome(ks[-1], [0, 0]))
+    assert [k > 0 for k in ks] == [False] * 4 + [True] + [False] * 4 + [True] + [False] * 4 + [True]
+
+
 def test_cost_optimal_without_costs_or_a_decoder_says_what_it_needs():
     with pytest.raises(ValueError, match="has no costs"):
         CostOptimalLength().next_k()
@@ -214,7 +223,7 @@ def test_cost_optimal_start_resets_acceptance_and_keeps_the_machine():
 
 def test_cost_optimal_validates_its_settings():
     for kwargs in ({"k_max": 0}, {"prior_acceptance": 1.5}, {"decay": 1.0}, {"prior_weight": 0}, {"margin": -0.1},
-                   {"margin": float("inf")}, {"repeats": 0}):
+                   {"margin": float("inf")}, {"repeats": 0}, {"explore_every": 0}):
         with pytest.raises(ValueError):
             CostOptimalLength(**kwargs)
     with pytest.raises(TypeError, match="CostModel"):
