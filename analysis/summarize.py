@@ -289,6 +289,10 @@ SUMMARY_CSV_COLUMNS = (
      "a_i pooled (accepted at i / verified at i, lists by position), its interval and the positions verified"),
     ("per_position_acceptance_mean", "a_i as the per-prompt mean (prompts that never reached i skipped)"),
     ("accepted_histogram", "steps by drafts kept, h_0..h_k, summed over the rows"),
+    ("k_histogram", "steps by the k they drafted, k = 0..k (0: a plain decode step), summed over the rows"),
+    ("modelled_step_seconds, measured_step_seconds", "a cost-modelling policy's (`cost_optimal`) mean modelled and "
+                                                     "measured seconds per decode step; summary.json's "
+                                                     "`pooled.step_seconds`"),
     ("short_prompts, short_prompt_ids", "the rows too short to time, counted and named"),
     ("identical_outputs", "share of rows (temperature 0) whose output equals the baseline's"),
     ("log_likelihood_mean, baseline_log_likelihood_mean", "a lossy rule's target log-likelihood per token, and the "
