@@ -184,6 +184,7 @@ class CostOptimalLength(DraftLengthPolicy):
         self.overhead = 0.0  # the loop's seconds per step beyond its forwards
         self.learned_draft_step = 0.0  # seconds per drafted token, for a drafter without a timed model
         self.call_rows = 1  # the last call's batch size: the rows a call's first choice assumes
+        self.looked_up: dict[tuple[int, int], tuple[list[float], float | None]] = {}  # ``table_seconds``'s
         self.start()
 
     @property
@@ -230,11 +231,22 @@ class CostOptimalLength(DraftLengthPolicy):
         rows = (self.row_successes + self.prior_weight * pooled) / (self.row_trials + self.prior_weight)  # [B']
         return rows[self.generating]
 
+    def table_seconds(self, rows: int) -> tuple[list[float], float | None]:
+        """The cost model's verification of k = 0..k_max drafts and its draft step at ``rows`` rows (None: no draft
+        table), looked up once per row count and cost model."""
+        key = (id(self.costs), rows)
+        if key not in self.looked_up:
+            costs = self.costs
+            self.looked_up = {key: ([costs.verify(k, rows) for k in range(self.k_max + 1)],
+                                    costs.draft_step(rows) if costs.draft is not None else None),
+                              **(self.looked_up if len(self.looked_up) < 256 else {})}
+        return self.looked_up[key]
+
     def forward_seconds(self, k: int, rows: int) -> float:
         """The model's seconds of a step's forwards at ``rows`` rows drafting k, with the online corrections."""
-        costs = self.costs
-        draft = self.draft_scale * costs.draft_step(rows) if costs.draft is not None else self.learned_draft_step
-        return k * draft + self.target_scale * costs.verify(k, rows)
+        verify, draft_step = self.table_seconds(rows)
+        draft = self.learned_draft_step if draft_step is None else self.draft_scale * draft_step
+        return k * draft + self.target_scale * verify[k]
 
     def step_seconds(self, k: int, rows: int) -> float:
         return self.forward_seconds(k, rows) + self.overhead
@@ -266,7 +278,7 @@ class CostOptimalLength(DraftLengthPolicy):
 
     def ensure_costs(self, rows: int) -> None:
         """Measure the costs where none are known yet, or where the batch outgrows the rows measured."""
-        if self.costs is not None and (rows <= max(self.costs.target.rows) or self.measure is None):
+        if self.costs is not None and (rows <= max(self.costs.target.seconds) or self.measure is None):
             return
         if self.measure is None:
             raise ValueError("CostOptimalLength has no costs: give costs=specdec.costs.CostModel(...), or run it in a "
@@ -309,14 +321,14 @@ class CostOptimalLength(DraftLengthPolicy):
         self.measured.append(wall)
         forwards = outcome.draft_seconds + outcome.target_seconds
         if math.isfinite(outcome.target_seconds) and outcome.target_seconds > 0:
-            observed = outcome.target_seconds / costs.verify(k, rows)
+            observed = outcome.target_seconds / self.table_seconds(rows)[0][k]
             self.target_scale = COST_DECAY * self.target_scale + (1 - COST_DECAY) * observed
         if k and math.isfinite(outcome.draft_seconds) and outcome.draft_seconds > 0:
             per_token = outcome.draft_seconds / k
             if costs.draft is None:
                 self.learned_draft_step = COST_DECAY * self.learned_draft_step + (1 - COST_DECAY) * per_token
             else:
-                observed = per_token / costs.draft_step(rows)
+                observed = per_token / self.table_seconds(rows)[1]
                 self.draft_scale = COST_DECAY * self.draft_scale + (1 - COST_DECAY) * observed
         if not math.isfinite(forwards):
             forwards = self.forward_seconds(k, rows)
