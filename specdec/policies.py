@@ -131,9 +131,9 @@ class CostOptimalLength(DraftLengthPolicy):
     of k + 1 tokens per row, and the loop's overhead. k = 0 is a plain decode step (B' tokens per step); a k > 0 is
     taken only where it beats k = 0 by the relative ``margin``, so that the policy is not slower than decoding
     without a draft by more than the cost model's error. After ``explore_every`` - 1 plain decode steps in a row the
-    next step drafts the best k >= 1 anyway, so that acceptance and the draft's cost stay measured (a choice of 0
-    from stale estimates would never be revisited); where drafting does not pay this costs one step in
-    ``explore_every``. As the batch grows the target's verification costs grow
+    next step drafts one token anyway, so that acceptance and the draft's cost stay measured (a choice of 0 from
+    stale estimates would never be revisited); where drafting does not pay this costs a draft forward in
+    ``explore_every`` steps. As the batch grows the target's verification costs grow
     with B' (k + 1), and the choice shortens to k = 0; as rows finish and leave, it lengthens again.
 
     The costs: ``costs`` (a ``specdec.costs.CostModel``), or, where None, measured by ``specdec.costs.measure_costs``
@@ -143,8 +143,9 @@ class CostOptimalLength(DraftLengthPolicy):
     EAGLE and Medusa heads) has its cost per drafted token learned from the steps instead. The model is then
     corrected online from the step timings the loop takes: the target's and the draft's measured over modelled
     seconds, and the loop's overhead per step as the step's wall time beyond its forwards,
-    each an exponentially weighted mean (``COST_DECAY`` per step). These corrections describe the machine and are
-    kept across calls; the acceptance estimates restart from the prior in each call.
+    each an exponentially weighted mean (``COST_DECAY`` per step). These corrections describe the machine, and
+    the batch's acceptance the pair on its data: both carry across calls (the prior seeds the first), so a call
+    does not start by drafting from the prior again; each call's rows start from the batch's acceptance.
 
     Acceptance: a step in which a row kept n of k drafts is n successes in n + [n < k] Bernoulli(a) trials (the
     positions after the first rejection are never tried). The batch's a is the ratio of exponentially weighted
@@ -183,6 +184,8 @@ class CostOptimalLength(DraftLengthPolicy):
         self.target_scale = self.draft_scale = 1.0  # measured / modelled seconds of each model's forwards
         self.overhead = 0.0  # the loop's seconds per step beyond its forwards
         self.learned_draft_step = 0.0  # seconds per drafted token, for a drafter without a timed model
+        self.successes = self.prior_acceptance * self.prior_weight  # weighted accepted positions, all rows
+        self.trials = self.prior_weight  # weighted verified positions, all rows
         self.call_rows = 1  # the last call's batch size: the rows a call's first choice assumes
         self.looked_up: dict[tuple[int, int], tuple[list[float], float | None]] = {}  # ``table_seconds``'s
         self.start()
@@ -205,8 +208,6 @@ class CostOptimalLength(DraftLengthPolicy):
         self.measure = measure  # a closure: a deep copy of the policy shares it, never copying the models
 
     def start(self) -> None:
-        self.successes = self.prior_acceptance * self.prior_weight  # weighted accepted positions, whole batch
-        self.trials = self.prior_weight  # weighted verified positions, whole batch
         self.row_successes = self.row_trials = None  # [B'] per row, from the call's first step on
         self.generating: torch.Tensor | None = None  # [B'] bool, rows that generate in the next step
         self.first_step = True
@@ -258,18 +259,20 @@ class CostOptimalLength(DraftLengthPolicy):
         tokens = powers.cumsum(1).sum(0).tolist()  # [k_max+1] sum_r E(a_r, k)
         return [tokens[k] / self.step_seconds(k, rows) for k in range(self.k_max + 1)]
 
-    def best_k(self, acceptances: torch.Tensor, rows: int, drafting: bool = False) -> int:
+    def best_k(self, acceptances: torch.Tensor, rows: int) -> int:
         """The k of the highest rate, the smallest within a relative 1e-9 of it; 0 unless that beats k = 0's rate
-        by ``margin`` (``drafting``: the best k >= 1 whatever k = 0's rate)."""
+        by ``margin``."""
         rates = self.rates(acceptances, rows)
         best = max(rates[1:])
         k = min(k for k in range(1, self.k_max + 1) if rates[k] >= best * (1 - TIE_TOLERANCE))
-        return k if drafting or rates[k] > rates[0] * (1 + self.margin) else 0
+        return k if rates[k] > rates[0] * (1 + self.margin) else 0
 
     def next_k(self) -> int:
         self.ensure_costs(self.rows_fed)
-        explore = self.plain_steps + 1 >= self.explore_every  # a draft now and then keeps a and its costs measured
-        k = self.best_k(self.row_acceptances(), self.rows_fed, drafting=explore)
+        if self.plain_steps + 1 >= self.explore_every:  # one draft now and then keeps a and its costs measured
+            k = 1
+        else:
+            k = self.best_k(self.row_acceptances(), self.rows_fed)
         self.plain_steps = 0 if k else self.plain_steps + 1
         self.chosen_k.append(k)
         self.pending_model = self.step_seconds(k, self.rows_fed)

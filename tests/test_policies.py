@@ -204,7 +204,7 @@ def test_cost_optimal_drafts_once_in_every_explore_every_steps_where_drafting_do
     for _ in range(15):
         ks.append(policy.next_k())
         policy.observe(outcome(ks[-1], [0, 0]))
-    assert [k > 0 for k in ks] == [False] * 4 + [True] + [False] * 4 + [True] + [False] * 4 + [True]
+    assert ks == [0] * 4 + [1] + [0] * 4 + [1] + [0] * 4 + [1]
 
 
 def test_cost_optimal_without_costs_or_a_decoder_says_what_it_needs():
@@ -212,13 +212,15 @@ def test_cost_optimal_without_costs_or_a_decoder_says_what_it_needs():
         CostOptimalLength().next_k()
 
 
-def test_cost_optimal_start_resets_acceptance_and_keeps_the_machine():
+def test_cost_optimal_start_forgets_the_rows_and_keeps_the_machine_and_the_batchs_acceptance():
     policy = CostOptimalLength(prior_acceptance=0.6, costs=costs_growing(per_token=0.0))
     policy.next_k()
     policy.observe(outcome(4, [0, 0]))
     policy.target_scale = 3.0
+    learned = policy.acceptance
     policy.start()
-    assert policy.acceptance == pytest.approx(0.6) and policy.chosen_k == [] and policy.target_scale == 3.0
+    assert learned < 0.6 and policy.acceptance == learned and policy.target_scale == 3.0
+    assert policy.chosen_k == [] and policy.row_successes is None
 
 
 def test_cost_optimal_validates_its_settings():
