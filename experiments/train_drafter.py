@@ -40,7 +40,9 @@ from experiments.refusal import refuse_unknown_group_options
 from experiments.rundir import RunLock
 from specdec.checkpoints import target_identity
 from specdec.heads import EagleHead, MedusaHeads
-from specdec.models import DTYPES, SHAPED_PRESETS, ModelUnavailableError, load_config, load_pair, plan_pair, resolve_pair_ids
+from specdec.models import (DTYPES, SHAPED_PRESETS, ModelUnavailableError, load_config, load_pair, plan_pair,
+                            resolve_pair_ids)
+from specdec.results import config_difference
 from specdec.train import corpus as corpus_lib
 from specdec.train import data as data_lib
 from specdec.train.files import DamagedFile
@@ -53,8 +55,6 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TRAIN_CONFIGS = CONFIGS / "train"
 CONFIG_FILE = "train_config.yaml"
 GROUPS = ("pair", "drafter", "loss", "data", "logger")
-# Keys a resumed run may change: they do not change what is computed.
-RESUMABLE_CHANGES = ("resume", "max_minutes", "threads", "logger")
 OmegaConf.register_new_resolver("specdec_configs", lambda: str(CONFIGS), replace=True)
 
 
@@ -373,10 +373,6 @@ def read_texts(plan: Plan) -> Texts:
     return Texts(openings, prompts, corpus)
 
 
-def comparable(config: dict) -> dict:
-    return {key: value for key, value in config.items() if key not in RESUMABLE_CHANGES}
-
-
 def output_directory(resume: object, run_dir: Path, config: dict) -> tuple[Path, str | None]:
     """The run's own directory, or the one ``resume`` names (a directory, or true: the newest unfinished run
     with this config under the run directory's parent), which must hold a run of the same config."""
@@ -390,23 +386,15 @@ def output_directory(resume: object, run_dir: Path, config: dict) -> tuple[Path,
     directory = Path(str(resume)).expanduser()
     if not (directory / CONFIG_FILE).is_file():
         raise ConfigError(f"resume={resume!r} is not allowed: not a training run directory (no {CONFIG_FILE})")
-    difference = config_difference(directory, config)
+    difference = config_difference(saved_config(directory), config)
     if difference:
         raise ConfigError(f"resume={resume!r}: that run has another config ({difference}); resume with its settings")
     return directory, f"resuming {directory}"
 
 
-def config_difference(directory: Path, config: dict) -> str | None:
-    saved = comparable(saved_config(directory))
-    for key in sorted(set(saved) | set(comparable(config))):
-        if saved.get(key) != config.get(key):
-            return f"{key}: {saved.get(key)!r} there, {config.get(key)!r} here"
-    return None
-
-
 def same_config(directory: Path, config: dict) -> bool:
     try:
-        return config_difference(directory, config) is None
+        return config_difference(saved_config(directory), config) is None
     except ConfigError:  # a damaged run directory is not one to continue
         return False
 
@@ -488,9 +476,11 @@ def run(plan: Plan, texts: Texts) -> None:
         bar.set_postfix(loss=f"{loss:.4f}", tau=f"{best.tau:.3f}" if best.tau > 0 else "-", loop_tau=walked,
                         refresh=False)
 
-    outcome = train(plan.settings, family, target, TrainingData(sequences, hidden.values),
-                    heldout, plan.out, ranks, plan.logger, info, progress)
-    bar.close()
+    try:
+        outcome = train(plan.settings, family, target, TrainingData(sequences, hidden.values),
+                        heldout, plan.out, ranks, plan.logger, info, progress)
+    finally:
+        bar.close()
     if ranks.main:
         write_summary(plan, outcome, parameters)
     barrier(ranks)

@@ -462,7 +462,7 @@ def test_resume_true_finds_the_newest_unfinished_run_with_the_same_config(tmp_pa
     (finished / "summary.json").write_text("{}")
     assert app.output_directory(True, tmp_path / "new", config) == (newer, f"resuming {newer}")
     assert app.output_directory(str(older), tmp_path / "new", config) == (older, f"resuming {older}")
-    with pytest.raises(ConfigError, match="that run has another config \\(steps: 20 there, 10 here\\)"):
+    with pytest.raises(ConfigError, match="that run has another config \\(steps: 20 -> 10\\)"):
         app.output_directory(str(other), tmp_path / "new", config)
 
 
