@@ -187,7 +187,8 @@ class CostOptimalLength(DraftLengthPolicy):
         self.successes = self.prior_acceptance * self.prior_weight  # weighted accepted positions, all rows
         self.trials = self.prior_weight  # weighted verified positions, all rows
         self.call_rows = 1  # the last call's batch size: the rows a call's first choice assumes
-        self.looked_up: dict[tuple[int, int], tuple[list[float], float | None]] = {}  # ``table_seconds``'s
+        self.looked_up: dict[int, tuple[list[float], float | None]] = {}  # ``table_seconds``'s, by rows
+        self.looked_up_in: CostModel | None = None  # the cost model they were looked up in
         self.start()
 
     @property
@@ -235,13 +236,13 @@ class CostOptimalLength(DraftLengthPolicy):
     def table_seconds(self, rows: int) -> tuple[list[float], float | None]:
         """The cost model's verification of k = 0..k_max drafts and its draft step at ``rows`` rows (None: no draft
         table), looked up once per row count and cost model."""
-        key = (id(self.costs), rows)
-        if key not in self.looked_up:
-            costs = self.costs
-            self.looked_up = {key: ([costs.verify(k, rows) for k in range(self.k_max + 1)],
-                                    costs.draft_step(rows) if costs.draft is not None else None),
-                              **(self.looked_up if len(self.looked_up) < 256 else {})}
-        return self.looked_up[key]
+        costs = self.costs
+        if self.looked_up_in is not costs:
+            self.looked_up, self.looked_up_in = {}, costs
+        if rows not in self.looked_up:
+            self.looked_up[rows] = ([costs.verify(k, rows) for k in range(self.k_max + 1)],
+                                    costs.draft_step(rows) if costs.draft is not None else None)
+        return self.looked_up[rows]
 
     def forward_seconds(self, k: int, rows: int) -> float:
         """The model's seconds of a step's forwards at ``rows`` rows drafting k, with the online corrections."""
