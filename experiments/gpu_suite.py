@@ -64,14 +64,15 @@ import transformers
 import specdec
 from experiments.bench import comparison_methods, comparison_row
 from experiments.harness import (
-    CostProfile, Decoded, HostReads, Method, Report, Tally, argument_parser, compile_forward, compilations,
-    cost_profile, default_out_dir, load_bench_pair, markdown, measured_cost_speedup, names_from, random_prompts,
+    Decoded, HostReads, Method, Report, Tally, argument_parser, compile_forward, compilations,
+    cost_profile, default_out_dir, load_bench_pair, markdown, names_from, random_prompts,
     run_interleaved, time_interleaved, transformers_generate, transformers_static_generate, warm_up,
 )
 from experiments.refusal import check_writable
 from experiments.shapes_bench import copy_bandwidth, decode_rate, pooled_acceptance, weight_bytes
 from specdec import Clock
 from specdec.batching import left_pad
+from specdec.costs import CostModel
 from specdec.models import ModelPair
 from specdec.profile import time_forwards
 
@@ -255,7 +256,7 @@ class Suite:
         self.loaded: ModelPair | None = None
         self.clock: Clock | None = None  # the pair's device's, once it is loaded
         self.bandwidth: float | None = None  # bytes/s
-        self.costs: CostProfile | None = None  # the draft's step and the target's forwards, as the step runs them
+        self.costs: CostModel | None = None  # the draft's step and the target's forwards, as the step runs them
         self.fastest_ar: str | None = None  # our fastest autoregressive mode at batch 1
         self.device_step_refused: str | None = None  # why the preflight failed, once it has
         self.speculative: SpeculativeRun | None = None  # the speculative sections' prompts, baseline and rows
@@ -648,9 +649,9 @@ def cost_ratio_section(suite: Suite, budget: Budget) -> None:
     if costs is None:
         return
     suite.costs = costs
-    suite.results["draft_target_cost_ratio"] = round(costs.cost_ratio, 3)
-    row = {"draft_ms": round(1000 * costs.draft_step, 3), "target_ms": round(1000 * costs.target_step, 3),
-           "cost_ratio": round(costs.cost_ratio, 3), "captured": captured, "compiled": plan.compile}
+    suite.results["draft_target_cost_ratio"] = round(costs.cost_ratio(), 3)
+    row = {"draft_ms": round(1000 * costs.draft_step(), 3), "target_ms": round(1000 * costs.target_step(), 3),
+           "cost_ratio": round(costs.cost_ratio(), 3), "captured": captured, "compiled": plan.compile}
     suite.tables["cost_ratio"] = [row]
     suite.show("cost_ratio", "## Cost ratio: draft step / target step (one token each, batch 1)", [row],
                "Medians of each forward over a cached prompt; `captured`: timed as CUDA graph replays, as the device "
@@ -755,8 +756,8 @@ def speculative_rows(suite: Suite, run: SpeculativeRun, k: int, acceptances: tup
             "compilations_while_timed": spec.compilations_while_timed,
         }
         if suite.costs is not None and verify is not None:
-            costs = CostProfile(suite.costs.draft_step, {**suite.costs.target, k + 1: verify})
-            predicted = measured_cost_speedup(measured_alpha, k, costs)
+            costs = CostModel.at_batch_one(suite.costs.draft_step(), {**suite.costs.target.seconds[1], k + 1: verify})
+            predicted = costs.speedup(measured_alpha, k)
             row.update(predicted=round(predicted, 3), measured_over_predicted=round(decode_speedup / predicted, 3),
                        verify_ms=round(1000 * verify, 3))
         rows.append(row)

@@ -847,11 +847,11 @@ def cost_optimal_with_an_infinite_prior_weight() -> Outcome:
 
 
 @probe(LIBRARY, CLEAR, before=SILENTLY_ACCEPTED)
-def cost_optimal_with_an_infinite_cost_ratio() -> Outcome:
-    """CostOptimalLength(prior_cost_ratio=inf): every k predicts speedup 0."""
+def cost_optimal_with_an_infinite_margin() -> Outcome:
+    """CostOptimalLength(margin=inf): no draft could ever be taken."""
     import specdec
 
-    return refusal(lambda: specdec.CostOptimalLength(prior_cost_ratio=float("inf")), "prior_cost_ratio", "inf")
+    return refusal(lambda: specdec.CostOptimalLength(margin=float("inf")), "margin", "inf")
 
 
 @probe(LIBRARY, CLEAR, before=TRACEBACK)

@@ -68,7 +68,7 @@ def test_the_column_lists_are_the_records_fields_and_do_not_overlap():
     every = [name for group in groups for name in group]
     assert len(every) == len(set(every))
     assert LIST_COLUMNS == ("per_position_acceptance", "per_position_attempts", "per_position_accepted",
-                            "accepted_histogram", "tokens", "baseline_tokens")
+                            "accepted_histogram", "k_histogram", "tokens", "baseline_tokens")
 
 
 def test_interval_metrics_are_metrics_with_a_range():
