@@ -25,6 +25,11 @@ OPTIONS_KEY = "options"  # the weights file's metadata: the options they were tr
 IDENTITY_FIELDS = ("architecture", "num_parameters", "fingerprint")
 
 
+class CheckpointNotFoundError(FileNotFoundError, ValueError):
+    """A checkpoint directory without a drafter in it: a missing file, and a bad argument for the callers that
+    refuse those (the apps' one refusal path turns every ValueError into one line)."""
+
+
 @dataclass(frozen=True)
 class TargetIdentity:
     """What a trained drafter knows of its target: enough to refuse another one."""
@@ -98,7 +103,7 @@ def read_drafter_config(directory: str | Path, kind: str) -> dict:
     """A checkpoint's config, refusing in one line a directory that holds none or another kind of drafter."""
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{directory} holds no trained drafter ({CONFIG_FILE} is missing); train one with "
+        raise CheckpointNotFoundError(f"{directory} holds no trained drafter ({CONFIG_FILE} is missing); train one with "
                                 f"python -m experiments.train_drafter")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
@@ -160,7 +165,7 @@ def check_saved_options(path: Path, options: dict | None) -> None:
     """The options the weights were saved with (their file's metadata; files from before it was written hold none)
     against ``options``: an edited ``drafter.json`` whose shapes still match would load wrong weights silently."""
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: the drafter in {path.parent} has a config but no weights; "
+        raise CheckpointNotFoundError(f"{path} is missing: the drafter in {path.parent} has a config but no weights; "
                                 f"train it again")
     try:
         with safe_open(str(path), "pt") as weights:
