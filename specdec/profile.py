@@ -12,6 +12,7 @@ import statistics
 import torch
 
 from specdec.cache import CachedModel, KVCache, TreeFeed, static_capacity
+from specdec.context import CachedContext
 from specdec.timing import Clock
 from specdec.tree import tree_shape
 
@@ -44,10 +45,10 @@ def time_forwards(model: torch.nn.Module, prompt: torch.Tensor, widths, repeats:
     cache = runner.new_cache(prompt.shape[0], static_capacity(prompt.shape[1], max(widths)), prompt.device,
                              fixed_span=captured)
     with torch.no_grad():
-        fill(cache, prompt)
+        context = filled(cache, prompt)
         # Each width's tokens made once, laid out as a decode step's (a slice's strides would compile another graph)
         run = {n: (lambda tokens=prompt[:, :n].clone(memory_format=torch.contiguous_format): forward_and_forget(
-            cache, tokens)) for n in widths}
+            context, tokens)) for n in widths}
         if captured:
             run = {n: captured_replay(step, prompt.device) for n, step in run.items()}
         samples = {n: [] for n in widths}
@@ -61,10 +62,10 @@ def time_forwards(model: torch.nn.Module, prompt: torch.Tensor, widths, repeats:
         return {n: statistics.median(times) for n, times in samples.items()}
 
 
-def forward_and_forget(cache: KVCache, tokens: torch.Tensor, tree: TreeFeed | None = None) -> None:
-    """One forward of ``tokens`` [B, n], rolled back so the next sees the same cache."""
-    cache.feed(tokens, tree=tree)
-    cache.keep(torch.zeros_like(tokens, dtype=torch.bool), prefix=tree is None, max_kept=0)
+def forward_and_forget(context: CachedContext, tokens: torch.Tensor, tree: TreeFeed | None = None) -> None:
+    """One forward of ``tokens`` [B, n], rolled back (the context's one rollback) so the next sees the same cache."""
+    context.cache.feed(tokens, tree=tree)
+    context.keep(torch.zeros_like(tokens, dtype=torch.bool), tree is None, 0, tokens[:, :0], None)
 
 
 def captured_replay(step, device: torch.device):
@@ -80,10 +81,12 @@ def captured_replay(step, device: torch.device):
     return graph.replay
 
 
-def fill(cache: KVCache, prompt: torch.Tensor) -> None:
-    """Cache the whole [B, T] prompt (no logits) and commit it."""
+def filled(cache: KVCache, prompt: torch.Tensor) -> CachedContext:
+    """A context over ``cache`` holding the whole [B, T] prompt (fed without logits, and kept)."""
+    context = CachedContext(cache, prompt[:, :0], None)
     cache.feed(prompt, logit_columns=torch.arange(0, device=prompt.device), prefill=True)
-    cache.keep(torch.ones_like(prompt, dtype=torch.bool), prefix=True, max_kept=prompt.shape[1])
+    context.keep(torch.ones_like(prompt, dtype=torch.bool), True, prompt.shape[1], prompt[:, :0], None)
+    return context
 
 
 def time_tree_forwards(model: torch.nn.Module, prompt: torch.Tensor, node_counts, repeats: int = 10,
@@ -103,7 +106,7 @@ def time_tree_forwards(model: torch.nn.Module, prompt: torch.Tensor, node_counts
                                                          prompt.device)
     medians = {}
     with torch.no_grad():
-        fill(cache, prompt)
+        context = filled(cache, prompt)
         for n in node_counts:
             shape = tree_shape((n,)).on(prompt.device)
             tree = TreeFeed(shape.depth_offsets, shape.ancestors)  # the root, then the nodes
@@ -111,7 +114,7 @@ def time_tree_forwards(model: torch.nn.Module, prompt: torch.Tensor, node_counts
             samples = []
             for _ in range(warmup + repeats):
                 start = clock.now()
-                forward_and_forget(cache, tokens, tree)
+                forward_and_forget(context, tokens, tree)
                 samples.append(clock.now() - start)
             medians[n] = statistics.median(samples[warmup:])
     return medians

@@ -241,18 +241,104 @@ def test_every_class_has_one_name():
     assert not {name: paths for name, paths in names.items() if len(paths) > 1}
 
 
+def enclosing_definitions(tree: ast.AST):
+    """(node, class name or None, function name or None) for every node of a module, with the innermost class
+    and function that hold it."""
+    def walk(node, cls, function):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                yield from walk(child, child.name, None)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield child, cls, function
+                yield from walk(child, cls, child.name)
+            else:
+                yield child, cls, function
+                yield from walk(child, cls, function)
+    yield from walk(tree, None, None)
+
+
+def binds(method, call: ast.Call) -> bool:
+    """Whether ``call``'s arguments (counted, not evaluated) fit ``method``'s signature, self bound."""
+    import inspect
+
+    if any(isinstance(arg, ast.Starred) for arg in call.args) or any(kw.arg is None for kw in call.keywords):
+        return True  # *args or **kwargs: could be anything
+    try:
+        inspect.signature(method).bind(None, *call.args, **{kw.arg: None for kw in call.keywords})
+    except TypeError:
+        return False
+    return True
+
+
+def cache_rollbacks(source: str) -> list[str]:
+    """Every use of ``KVCache.keep`` in ``source`` but the context's own call and a cache subclass's call of its
+    base: a ``.keep`` called with arguments that fit ``KVCache.keep`` and not ``CachedContext.keep`` (which takes
+    the queue too), a ``.keep`` taken without calling it (an alias), ``getattr(..., "keep")``; whatever the
+    receiver is called."""
+    from specdec.cache import KVCache
+    from specdec.context import CachedContext
+
+    nodes = list(enclosing_definitions(ast.parse(source)))
+    call_of = {id(node.func): node for node, _, _ in nodes if isinstance(node, ast.Call)}
+    aliased = {id(value) for node, _, _ in nodes for value in aliasing_values(node)}
+    uses = []
+    for node, cls, function in nodes:
+        where = f"{cls}.{function}"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and any(
+                isinstance(arg, ast.Constant) and arg.value == "keep" for arg in node.args):
+            uses.append(f"{where}: {ast.unparse(node)}")
+        if not isinstance(node, ast.Attribute) or node.attr != "keep" or isinstance(node.ctx, ast.Store):
+            continue
+        if (cls, function) == ("CachedContext", "keep"):
+            continue  # the one call
+        if function == "keep" and isinstance(node.value, ast.Call) and ast.unparse(node.value) == "super()":
+            continue  # a cache's keep extending its base's
+        call = call_of.get(id(node))
+        if call is None and id(node) in aliased or call is not None and (
+                binds(KVCache.keep, call) or not binds(CachedContext.keep, call)):
+            uses.append(f"{where}: {ast.unparse(call or node)}")
+    return uses
+
+
+def aliasing_values(node: ast.AST) -> list[ast.AST]:
+    """The expressions ``node`` binds to a name or hands on as a callable: an assignment's value, a return's, a
+    keyword argument's, a lambda's body, ``partial``'s first argument. (A ``.keep`` read elsewhere is a field of
+    that name, such as a resync's count of tokens kept.)"""
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.Return, ast.keyword)):
+        return [node.value] if node.value is not None else []
+    if isinstance(node, ast.Lambda):
+        return [node.body]
+    if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("partial") and node.args:
+        return [node.args[0]]
+    return []
+
+
+def library_and_apps() -> list[Path]:
+    return [path for package in PACKAGES for path in sorted((REPO / package).rglob("*.py"))]
+
+
 def test_a_context_is_rolled_back_in_one_place():
-    """``KVCache.keep`` is called by ``CachedContext.keep`` alone: every owner's rollback goes through it."""
-    callers = []
-    for path in sorted((REPO / "specdec").rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for function in ast.walk(tree):
-            if isinstance(function, ast.FunctionDef):
-                for node in ast.walk(function):
-                    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "keep"
-                            and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "cache"):
-                        callers.append(f"{path.name}:{function.name}")
-    assert callers == ["context.py:keep"]
+    """``KVCache.keep`` is called by ``CachedContext.keep`` alone: every owner's rollback goes through it. Read from
+    the code, by what a call's arguments fit, not by how its receiver is spelled."""
+    assert [] == [f"{path.relative_to(REPO)}: {use}" for path in library_and_apps()
+                  for use in cache_rollbacks(path.read_text(encoding="utf-8"))]
+
+
+@pytest.mark.parametrize("source", [
+    "def f(c, kept):\n    c.keep(kept, prefix=True, max_kept=0)",
+    "def f(store, kept):\n    store.cache_of_mine.keep(kept, True, 0)",
+    "def f(cache):\n    rollback = cache.keep\n    rollback(1, True)",
+    "def f(cache):\n    return functools.partial(cache.keep, prefix=True)",
+    "def f(cache):\n    getattr(cache, 'keep')(1, True)",
+    "class Other:\n    def keep(self, kept):\n        self.cache.keep(kept, True)",
+])
+def test_the_rollback_check_sees_a_call_however_it_is_spelled(source):
+    assert cache_rollbacks(source)
+
+
+def test_the_rollback_check_passes_a_contexts_own_calls_and_fields_named_keep():
+    assert not cache_rollbacks("def f(ctx, kept, q, r):\n    ctx.keep(kept, True, None, q, None)\n"
+                               "    return r.prefix[: r.keep] + [min(r.keep, 3)]")
 
 
 def overridden(cls: type, name: str) -> bool:
