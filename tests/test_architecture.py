@@ -213,6 +213,7 @@ def test_the_two_drivers_share_no_block_of_four_lines():
 def test_the_bench_scripts_share_no_block_of_six_lines():
     scripts = [REPO / "experiments" / name for name in ("bench.py", "tree_bench.py", "tree_search.py",
                                                          "shapes_bench.py", "gpu_suite.py")]
+    scripts += sorted((REPO / "experiments" / "gpu").glob("*.py"))
     for i, first in enumerate(scripts):
         for second in scripts[i + 1 :]:
             shared = normalized_windows(first, 6) & normalized_windows(second, 6)
