@@ -19,11 +19,13 @@ from pathlib import Path
 import pandas as pd
 
 from specdec.results import (
+    CODE_AND_WEIGHTS,
     CONDITION_COLUMNS,
     CONFIG,
     METRIC_COLUMNS,
     OUTPUT_COLUMNS,
     PROMPT_COLUMNS,
+    PROVENANCE_COLUMNS,
     FAILURE,
     INTERVAL_METRICS,
     LIST_COLUMNS,
@@ -306,7 +308,45 @@ def check_run_ids(runs: list[RunRows]) -> None:
 # took (the rows name their prompts).
 RESULT_FREE_KEYS = ("group", "resume", "logger", "hydra", "num_prompts", "data.limit", "requested")
 # Row columns that are no setting: which run, which prompt, where it ran, what it measured, what it emitted.
-NOT_SETTINGS = {"run_id", "group", *PROMPT_COLUMNS, *CONDITION_COLUMNS, *METRIC_COLUMNS, *OUTPUT_COLUMNS}
+# Provenance is a setting where it names the code or the weights (``CODE_AND_WEIGHTS``: runs differing there are
+# never merged), a condition where it names the machine (processor, threads).
+MACHINE_COLUMNS = tuple(column for column in PROVENANCE_COLUMNS if column not in CODE_AND_WEIGHTS)
+NOT_SETTINGS = {"run_id", "group", *PROMPT_COLUMNS, *CONDITION_COLUMNS, *MACHINE_COLUMNS, *METRIC_COLUMNS,
+                *OUTPUT_COLUMNS}
+# A seed is a replicate, never a setting: runs that differ only in seed are pooled (``pool_replicates``).
+REPLICATE_COLUMNS = ("seed",)
+
+
+def pool_replicates(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with the runs that differ only in a replicate column (the seed) as one run: their rows under one
+    ``run_dir`` and ``run_id`` (the runs' own, joined by " + "), ``replicate`` naming each row's run and round
+    (what the spread between replicates is taken over), ``seed`` as the seeds pooled ("0, 1, 2") wherever a run
+    pools several, and ``partial`` where any of them is. Runs that differ in anything else, code and weights
+    included, stay apart. A frame whose runs all differ keeps its runs (``replicate`` still names run and
+    round)."""
+    settings = [column for column in frame.columns if column not in NOT_SETTINGS | set(REPLICATE_COLUMNS)
+                and column not in ("run_dir", "partial")
+                and not frame[column].map(lambda v: isinstance(v, (list, dict))).any()]
+    firsts = frame.drop_duplicates("run_dir")
+    keys = {run_dir: json.dumps([None if pd.isna(v) else v for v in values], default=str)
+            for run_dir, values in zip(firsts["run_dir"], firsts[settings].astype(object).itertuples(index=False))}
+    members: dict[str, list] = {}
+    for run_dir in firsts["run_dir"]:
+        members.setdefault(keys[run_dir], []).append(run_dir)
+    pooled = frame.copy()
+    rounds = pooled["round"].fillna(0).astype(int).astype(str) if "round" in pooled else "0"
+    pooled["replicate"] = pooled["run_id"].astype(str) + "/" + rounds
+    joined_dirs = {run_dir: " + ".join(map(str, dirs)) for dirs in members.values() for run_dir in dirs}
+    run_ids = firsts.set_index("run_dir")["run_id"]
+    joined_ids = {run_dir: " + ".join(str(run_ids[d]) for d in dirs) for dirs in members.values() for run_dir in dirs}
+    pooled["run_id"] = pooled["run_dir"].map(joined_ids)
+    if "seed" in pooled and any(len(dirs) > 1 for dirs in members.values()):
+        seeds = {run_dir: ", ".join(sorted({str(v) for v in frame.loc[frame["run_dir"].isin(dirs), "seed"]}, key=str))
+                 for dirs in members.values() for run_dir in dirs}
+        pooled["seed"] = pooled["run_dir"].map(seeds)
+    pooled["partial"] = pooled.groupby(pooled["run_dir"].map(joined_dirs))["partial"].transform("any")
+    pooled["run_dir"] = pooled["run_dir"].map(joined_dirs)
+    return pooled
 
 
 def run_setting(run: RunRows) -> dict:

@@ -243,7 +243,7 @@ def per_position(run: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray, li
     if isinstance(pooled, list) and pooled:
         return (np.asarray(pooled, float), np.asarray(run["per_position_ci_low"], float),
                 np.asarray(run["per_position_ci_high"], float), list(run["per_position_attempts"]))
-    values = np.asarray(run["per_position_acceptance"], float)
+    values = np.asarray(run["per_position_acceptance_mean"], float)
     return values, values, values, []
 
 

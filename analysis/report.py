@@ -26,6 +26,7 @@ from analysis.load import (
     build_frame,
     find_run_dirs,
     loadable_run_dirs,
+    pool_replicates,
     read_runs,
     unfinished_jobs,
 )
@@ -43,6 +44,7 @@ from analysis.summarize import (
 from analysis.tables import format_cell, pivot_metric, to_markdown
 from experiments.refusal import ArgumentParser
 from specdec.results import (
+    CODE_AND_WEIGHTS,
     INTERVAL_METRICS,
     MIN_PROMPTS_FOR_INTERVAL,
     ROWS,
@@ -76,11 +78,16 @@ DEFINITIONS = (
      "per-position acceptance rate, unconditional: a_1 ⋯ a_i", "—"),
     ("`accepted_histogram` h_j", "steps that drafted and kept j drafts, j = 0..k (bonus not counted)",
      "per-request acceptance histogram", "—"),
-    ("`speedup`", "baseline seconds per token / speculative seconds per token, same prompts and process",
-     "— (throughput, tokens/s)", "speedup (walltime over vanilla autoregressive decoding)"),
-    ("pooled", "a run's figure from totals over its prompts (total accepted / total drafted, total baseline "
-     "seconds per token / total speculative seconds per token, ...), 95% bootstrap interval over prompts",
-     "what its counters report (totals)", "how its tables are computed (totals over a category)"),
+    ("`vllm_acceptance_length`", "1 + total accepted / total target calls that verified drafts: τ over the calls "
+     "that drafted (a head's draftless first call left out)", "mean acceptance length (AL), as its counters "
+     "compute it", "—"),
+    ("`speedup`", "baseline seconds per token / speculative seconds per token, same prompts and process, pooled: "
+     "total time per total tokens", "— (throughput, tokens/s)", "—"),
+    ("`spec_bench_speedup`", "mean over prompts (and rounds) of speculative tokens/s / the same mean of baseline "
+     "tokens/s", "—", "speedup, as its evaluation/speed.py computes it (ratio of mean per-question tokens/s)"),
+    ("pooled", "a run's figure from totals over its prompts and rounds (total accepted / total drafted, total "
+     "baseline seconds per token / total speculative seconds per token, ...), 95% bootstrap interval over prompts "
+     "and, within each, its rounds and seeds", "what its counters report (totals)", "— (it averages per question)"),
 )
 
 
@@ -129,7 +136,7 @@ def write_report(paths: list[str], out: str | None = None, x: str | None = None,
         return write_markdown(out_dir, "\n".join(["# Speculative decoding report", "", *job_lines(jobs),
                                                   "", "No job wrote rows: nothing to compare.", ""]))
     runs = read_runs(run_dirs or find_run_dirs(paths))  # with nothing to load, find_run_dirs names what is missing
-    frame = build_frame(runs)
+    frame = pool_replicates(build_frame(runs))
     summary = summarize_runs(frame)
     x, hue_axes = plot_axes(summary, x, hue)
     summary.to_csv(out_dir / "summary.csv", index=False)
@@ -192,9 +199,62 @@ def header(paths: list[str], frame: pd.DataFrame, summary: pd.DataFrame, jobs: l
             lines.append(f"- **Partial run** (no {SUMMARY}, killed?): `{run['run_dir']}`, "
                          f"{run['n_prompts']} prompts loaded")
     lines += [f"- **Left out:** {line}" for run in runs for line in run.left_out]
+    lines += eos_lines(summary) + provenance_lines(frame, summary) + replicate_lines(frame, summary, len(runs))
     lines += job_lines(jobs) + gap_lines(frame) + timing_lines(frame, summary) + short_lines(summary)
     lines += ["", *fastest_lines(summary), ""]
     return "\n".join(lines)
+
+
+EOS_CONVENTIONS = {True: "prompts end at the tokenizer's EOS (`stop_at_eos=true`)",
+                   False: "EOS ignored: every prompt decodes `max_new_tokens` (`stop_at_eos=false`)"}
+
+
+def eos_lines(summary: pd.DataFrame) -> list[str]:
+    """The EOS convention the runs decoded under: it changes τ, acceptance and speedup (a drafter that drafts past an
+    EOS loses those drafts), so no table is read without it."""
+    values = summary["stop_at_eos"].map(lossless_kind).tolist() if "stop_at_eos" in summary else [None]
+    named = [EOS_CONVENTIONS.get(value, "EOS convention unrecorded (rows written before `stop_at_eos`)")
+             for value in dict.fromkeys(values)]
+    if len(named) == 1:
+        return [f"- EOS: {named[0]}."]
+    return [f"- **EOS conventions differ between runs:** {'; '.join(named)} (column `stop_at_eos`)."]
+
+
+def provenance_lines(frame: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
+    """The code and weights the runs ran, and, where they differ, that the runs are reported apart and why."""
+    present = [column for column in CODE_AND_WEIGHTS if column in frame]
+    if not present:
+        return ["- Code and weights: unrecorded (rows written before provenance existed)."]
+    values = {column: [format_value(v) for v in dict.fromkeys(frame[column].tolist())] for column in present}
+    same = [f"{column} {values[column][0]}" for column in present if len(values[column]) == 1]
+    lines = [f"- Code and weights: {', '.join(same)}." if same else "- Code and weights: see below."]
+    differing = [column for column in present if len(values[column]) > 1]
+    if differing:
+        lines.append(f"- **Reported apart:** these runs differ in {', '.join(differing)} "
+                     f"({'; '.join(f'{c}: ' + ', '.join(values[c]) for c in differing)}): other code or other weights "
+                     "can change every figure, so such runs are never merged into one setting; the tables name them "
+                     "by those columns.")
+    return lines
+
+
+def replicate_lines(frame: pd.DataFrame, summary: pd.DataFrame, runs: int) -> list[str]:
+    """How the runs were pooled (a seed is a replicate, never a setting), the spread between replicates, and the
+    greedy repeats whose counts disagree."""
+    lines = []
+    if runs > len(summary):
+        lines.append(f"- {runs} runs pooled into {len(summary)} settings: runs that differ only in seed are "
+                     "replicates of one setting, pooled (column `seed` lists them), never ranked apart.")
+    if "replicates" in summary and (summary["replicates"] > 1).any():
+        lines.append("- Replicates (rounds, and seeds' runs where pooled): the column `speedup between replicates` "
+                     "gives the range and standard deviation of each replicate's pooled speedup; intervals resample "
+                     "prompts and then each prompt's replicates.")
+    if "greedy_repeats_disagree" in summary:
+        axes = label_axes(summary)
+        for _, run in summary[summary["greedy_repeats_disagree"].astype(bool)].iterrows():
+            lines.append(f"- **Warning: greedy repeats disagree** in {label(run, axes)}: prompts "
+                         f"{run['greedy_repeats_disagree']} have different counts in different repeats at temperature "
+                         "0; only other code, other weights or a nondeterministic kernel can cause it.")
+    return lines
 
 
 def short_lines(summary: pd.DataFrame) -> list[str]:
@@ -325,7 +385,11 @@ def summary_section(summary: pd.DataFrame) -> str:
     table["lossless"] = [lossless_text(run) for _, run in summary.iterrows()]
     table["speedup (pooled)"] = [with_pooled_ci(run, "speedup") for _, run in summary.iterrows()]
     table["speedup (per-prompt mean)"] = [with_ci(run, "speedup") for _, run in summary.iterrows()]
+    if (summary["replicates"] > 1).any():
+        table["speedup between replicates"] = [between_text(run, "speedup") for _, run in summary.iterrows()]
+    table["Spec-Bench speedup"] = [with_pooled_ci(run, "spec_bench_speedup") for _, run in summary.iterrows()]
     for metric, name in (("acceptance_rate", "acceptance rate"), ("mean_accepted_length", "τ (tokens/target call)"),
+                         ("vllm_acceptance_length", "vLLM AL"),
                          ("spec_tokens_per_s", "tok/s"), ("baseline_tokens_per_s", "baseline tok/s")):
         table[f"{name} (pooled)"] = [with_pooled_ci(run, metric) for _, run in summary.iterrows()]
     table["predicted speedup"] = summary["predicted_speedup"]
@@ -348,10 +412,19 @@ def summary_section(summary: pd.DataFrame) -> str:
             "total "
             "target calls) [95% bootstrap interval over prompts]. Per-prompt mean: the mean of each prompt's ratio "
             "[95% Student t interval], without the prompts too short to time (`too short`). Predicted speedup from "
-            "the pooled acceptance rate and mean cost ratio (Leviathan et al., 2023). Identical outputs: the share "
+            "the pooled acceptance rate, the k the steps drafted and the mean cost ratio (Leviathan et al., 2023), "
+            "the same figure as summary.json's. Identical outputs: the share "
             "of prompts (temperature 0) whose output equals the baseline's; log-likelihood: the target's mean "
             "log-probability per token of a lossy run's outputs (of its own). All columns in `summary.csv`.\n\n"
             + to_markdown(table, index=False))
+
+
+def between_text(run: pd.Series, metric: str) -> str:
+    """'0.87–1.10, sd 0.10 (4)': a pooled figure's range and standard deviation over the run's replicates."""
+    if run["replicates"] < 2:
+        return ""
+    low, high, sd = (run[f"{metric}_between_{stat}"] for stat in ("min", "max", "sd"))
+    return f"{format_cell(low)}–{format_cell(high)}, sd {format_cell(sd)} ({run['replicates']})"
 
 
 def lossless_text(run: pd.Series) -> str:
@@ -536,19 +609,22 @@ def acceptance_section(summary: pd.DataFrame) -> str:
     axes = label_axes(summary)
     table = pd.DataFrame({
         "setting": [table_label(run, axes) for _, run in summary.iterrows()],
-        "τ (our AL)": [with_ci(run, "mean_accepted_length") for _, run in summary.iterrows()],
-        "vLLM AL": [with_ci(run, "vllm_acceptance_length") for _, run in summary.iterrows()],
-        "acceptance rate": [with_ci(run, "acceptance_rate") for _, run in summary.iterrows()],
+        "τ (pooled)": [with_pooled_ci(run, "mean_accepted_length") for _, run in summary.iterrows()],
+        "vLLM AL (pooled)": [with_pooled_ci(run, "vllm_acceptance_length") for _, run in summary.iterrows()],
+        "acceptance rate (pooled)": [with_pooled_ci(run, "acceptance_rate") for _, run in summary.iterrows()],
         "a_i (i = 1..k), pooled [95% CI] (verified)": [per_position_text(run) for _, run in summary.iterrows()],
         "steps by drafts kept, h_0..h_k (share)": [histogram_text(run["accepted_histogram"])
                                                    for _, run in summary.iterrows()],
     })
     return ("## Acceptance, as the field reports it\n\nDefinitions, beside vLLM's and Spec-Bench's names for the "
             "same things:\n\n" + to_markdown(definitions, index=False)
-            + "\n\nPer run: means over prompts [95% Student t interval]; a_i pooled over prompts (accepted at i "
-            "over verified at i) [95% bootstrap interval] with the positions verified, where the rows count them "
-            "(else the per-prompt mean); the histogram sums every prompt's steps (plot below). τ counts every target "
-            "call, vLLM's AL only those that verified drafts.\n\n" + to_markdown(table, index=False) + "\n")
+            + "\n\nPer run, every figure pooled over its prompts and rounds [95% bootstrap interval]: τ (total "
+            "emitted / total target calls), vLLM's AL (1 + total accepted / total calls that verified drafts), the "
+            "acceptance rate, a_i (accepted at i over verified at i) with the positions verified, where the rows "
+            "count them (else the per-prompt mean); the histogram sums every prompt's steps (plot below). τ counts "
+            "every target call, vLLM's AL only those that verified drafts: it is τ over the calls that drafted, "
+            "and differs from τ where a drafter's first call drafts nothing (EAGLE and Medusa heads). Per-prompt "
+            "means are in `summary.csv` (`<metric>_mean`).\n\n" + to_markdown(table, index=False) + "\n")
 
 
 def per_position_text(run: pd.Series) -> str:
@@ -557,7 +633,7 @@ def per_position_text(run: pd.Series) -> str:
     pooled = run.get("per_position_pooled")
     if not (isinstance(pooled, list) and pooled):
         return ", ".join("–" if value is None or math.isnan(value) else format_cell(value)
-                         for value in run["per_position_acceptance"])
+                         for value in run["per_position_acceptance_mean"])
     cells = []
     for value, low, high, attempts in zip(pooled, run["per_position_ci_low"], run["per_position_ci_high"],
                                           run["per_position_attempts"]):

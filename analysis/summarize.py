@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 import specdec
-from analysis.load import ResultsError, per_position_long
+from analysis.load import MACHINE_COLUMNS, ResultsError, per_position_long
 from specdec.results import (
     CONDITION_COLUMNS,
     INTERVAL_METRICS,
@@ -19,8 +19,11 @@ from specdec.results import (
     PROMPT_COLUMNS,
     TIMED_METRICS,
     confidence_interval,
+    disagreeing_repeats,
     finite_values,
     pooled,
+    replicate_spread,
+    round_of,
     too_short,
 )
 from specdec.stats import vllm_acceptance_length
@@ -31,14 +34,16 @@ SUMMARIZED_METRICS = tuple(metric for metric in INTERVAL_METRICS if metric != "p
 DERIVED_METRICS = ("vllm_acceptance_length",)
 STAT_COLUMNS = tuple(f"{metric}_{stat}" for metric in SUMMARIZED_METRICS + DERIVED_METRICS
                      for stat in ("mean", "ci_low", "ci_high")) + tuple(
-    f"{figure}_{stat}" for figure in POOLED_FIGURES for stat in ("pooled", "pooled_ci_low", "pooled_ci_high"))
+    f"{figure}_{stat}" for figure in POOLED_FIGURES for stat in ("pooled", "pooled_ci_low", "pooled_ci_high")) + tuple(
+    f"{figure}_between_{stat}" for figure in POOLED_FIGURES for stat in ("min", "max", "sd"))
 # Per-position acceptance pooled over a run's prompts: value, interval and count per position (lists).
 PER_POSITION_COLUMNS = ("per_position_pooled", "per_position_ci_low", "per_position_ci_high", "per_position_attempts")
 # Summary columns that describe neither a setting nor a summarized metric.
 BOOKKEEPING_COLUMNS = ("run_id", "group", "run_dir", "partial", "n_prompts", "predicted_speedup",
-                       "per_position_acceptance", "accepted_histogram", "most_concurrent_jobs", "hosts",
+                       "per_position_acceptance_mean", "accepted_histogram", "most_concurrent_jobs", "hosts",
                        "short_prompts", "short_prompt_ids", "identical_outputs", "log_likelihood_mean",
-                       "baseline_log_likelihood_mean", *PER_POSITION_COLUMNS)
+                       "baseline_log_likelihood_mean", *PER_POSITION_COLUMNS, "replicates", "processors",
+                       "greedy_repeats_disagree", "predicted_drafted_k")
 
 
 def predicted_speedup(alpha, k, cost_ratio) -> np.ndarray:
@@ -64,7 +69,7 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
     (the share of prompts whose two outputs are identical, where rows say: temperature 0),
     `log_likelihood_mean` and `baseline_log_likelihood_mean` (a lossy rule's quality beside the target's own),
     `predicted_speedup` recomputed from the pooled acceptance rate and mean cost ratio,
-    `per_position_acceptance` as the per-position mean over prompts, `accepted_histogram` summed over prompts
+    `per_position_acceptance_mean` as the per-position mean over prompts, `accepted_histogram` summed over prompts
     (steps of the whole run by drafts kept; empty where rows lack it), `vllm_acceptance_length` (mean and interval
     over prompts of 1 + accepted / steps that drafted, from each row's histogram), and, where rows count them,
     `most_concurrent_jobs`: the most jobs of the sweep that ran on the run's machine while it decoded, and
@@ -80,8 +85,11 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
             record["most_concurrent_jobs"] = pd.to_numeric(rows["concurrent_jobs"]).max()  # NaN: not counted
         if "host" in rows:
             record["hosts"] = ", ".join(sorted(map(str, rows["host"].dropna().unique())))
+        if "processor" in rows:
+            record["processors"] = ", ".join(sorted(map(str, rows["processor"].dropna().unique())))
         row_dicts = [{key: none_for_nan(value) for key, value in row.items()} for row in rows.to_dict("records")]
         record.update(pooled_columns(row_dicts))
+        record.update(spread_columns(row_dicts))
         timed = rows[[not too_short(row) for row in row_dicts]]
         for metric in SUMMARIZED_METRICS:
             record.update(zip((f"{metric}_mean", f"{metric}_ci_low", f"{metric}_ci_high"),
@@ -94,10 +102,20 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
         record["run_dir"] = run_dir
         records.append(record)
     summary = pd.DataFrame(records)
-    summary["predicted_speedup"] = predicted_speedup(summary["acceptance_rate_pooled"], summary["k"],
-                                                     summary["cost_ratio_mean"])
-    summary["per_position_acceptance"] = mean_per_position(frame, summary["run_id"])
+    summary["per_position_acceptance_mean"] = mean_per_position(frame, summary["run_id"])
     return summary
+
+
+def spread_columns(records: list[dict]) -> dict:
+    """A run's replicates (its rounds; and its seeds' runs where ``pool_replicates`` pooled them): how many
+    (``replicates``), each pooled figure's min, max and standard deviation over them (``<figure>_between_min``,
+    ...), and the prompts whose greedy repeats disagree in their counts (``greedy_repeats_disagree``)."""
+    spread = replicate_spread(records, lambda row: row.get("replicate") or round_of(row))
+    columns = {"replicates": spread["replicates"],
+               "greedy_repeats_disagree": ", ".join(disagreeing_repeats(records))}
+    for figure in POOLED_FIGURES:
+        columns.update({f"{figure}_between_{stat}": spread[figure][stat] for stat in ("min", "max", "sd")})
+    return columns
 
 
 def pooled_columns(records: list[dict]) -> dict:
@@ -107,6 +125,8 @@ def pooled_columns(records: list[dict]) -> dict:
     figures = pooled(records)
     columns = {f"{figure}_{stat}": figures[figure][key] for figure in POOLED_FIGURES
                for stat, key in (("pooled", "value"), ("pooled_ci_low", "ci_low"), ("pooled_ci_high", "ci_high"))}
+    columns["predicted_speedup"] = figures["predicted_speedup"]["value"]
+    columns["predicted_drafted_k"] = figures["predicted_speedup"]["drafted_k"]
     short = [str(row["prompt_id"]) for row in records if too_short(row)]
     positions = figures["per_position_acceptance"]
     identical = [row.get("identical_output") for row in records if isinstance(row.get("identical_output"), bool)]
@@ -135,7 +155,7 @@ def mean_of(values) -> float:
 def constant_columns(frame: pd.DataFrame) -> list[str]:
     """Non-metric columns with one value (null counts as one) within every run, in frame order."""
     excluded = (set(METRIC_COLUMNS) | set(PROMPT_COLUMNS) | set(CONDITION_COLUMNS) | set(OUTPUT_COLUMNS)
-                | {"run_dir", "partial"})
+                | set(MACHINE_COLUMNS) | {"run_dir", "partial", "replicate"})
     candidates = [column for column in frame.columns if column not in excluded
                   and not frame[column].map(lambda v: isinstance(v, (list, dict))).any()]  # unhashable
     per_run = frame.groupby("run_dir", sort=False)[candidates].nunique(dropna=False)
@@ -186,6 +206,7 @@ def plot_axes(summary: pd.DataFrame, x: str | None = None, hue: str | None = Non
     temperature in words). A name the summary lacks is one ResultsError listing what varies.
     """
     axes = varying_axes(summary)
+    x, hue = as_column(summary, x), as_column(summary, hue)
     for name, given in (("--x", x), ("--hue", hue)):
         if given is not None and given not in config_columns(summary):
             raise ResultsError(f"{name} {given}: no such setting in these runs; settings that vary: "
@@ -197,8 +218,25 @@ def plot_axes(summary: pd.DataFrame, x: str | None = None, hue: str | None = Non
         x = "k" if "k" in axes else (numeric or axes or ["k"])[0]
     if hue is not None:
         return x, [hue] if hue != x else []
-    return x, [axis for axis in varying_axes(summary, exclude=(x,))
-               if not (determined_by(summary, x, axis) and determined_by(summary, axis, x))]
+    return x, [axis for axis in varying_axes(summary, exclude=(x,)) if axis in PARTS
+               or not (determined_by(summary, x, axis) and determined_by(summary, axis, x))]
+
+
+# The parts a run is built of: kept in a sweep's labels even where they come one-to-one with x (a draft-length
+# policy sweep whose policies each hold their own k is labelled by policy and k, not by k alone).
+PARTS = ("system", "drafter", "strategy", "draft_length")
+
+
+def as_column(summary: pd.DataFrame, key: str | None) -> str | None:
+    """A swept key as typed on the command line, as its column: ``draft_length.k`` is ``k``, ``strategy.lenience``
+    is ``strategy_lenience``, ``sampling.temperature`` is ``temperature``; a column name stays itself."""
+    if key is None or key in summary.columns or "." not in key:
+        return key
+    group, name = key.split(".", 1)
+    for column in (f"{group}_{name.replace('.', '_')}", name):
+        if column in summary.columns:
+            return column
+    return key
 
 
 def setting_label(row: pd.Series, axes: list[str]) -> str:
@@ -216,3 +254,59 @@ def format_value(value) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
+
+
+# summary.csv (``summarize_runs``, one row per setting) column by column: (column or pattern, meaning). "pooled"
+# means totals over the setting's rows (every prompt, round and pooled seed), "per-prompt" a mean of each row's own
+# ratio; docs/experiments.md holds ``summary_csv_table()``.
+SUMMARY_CSV_COLUMNS = (
+    ("<setting columns>", "the rows' setting, constant within each setting: `RunIdentity`'s columns, the options' "
+                          "`<group>_<key>`, and the code and weights of `Provenance` (`git_commit`, ..., "
+                          "`drafter_weights`), by which runs are never merged"),
+    ("seed", "the seed, or the seeds pooled (\"0, 1\"): runs that differ only in seed are one setting"),
+    ("run_id, run_dir", "the run, or the runs pooled, joined by \" + \""),
+    ("group", "the runs' group (a sweep's name; W&B's group)"),
+    ("n_prompts", "rows in the setting: prompts x rounds x runs pooled"),
+    ("partial", "whether a run of it has no summary.json (killed)"),
+    ("replicates", "its replicates: rounds x runs pooled"),
+    ("<figure>_pooled, <figure>_pooled_ci_low, <figure>_pooled_ci_high",
+     "each pooled figure (`" + "`, `".join(POOLED_FIGURES) + "`) and its 95% bootstrap interval over prompts and "
+     "their replicates, as summary.json's `pooled`"),
+    ("<figure>_between_min, <figure>_between_max, <figure>_between_sd",
+     "each pooled figure's range and standard deviation over the replicates (the run-to-run spread)"),
+    ("<metric>_mean, <metric>_ci_low, <metric>_ci_high",
+     "per-prompt means (`" + "`, `".join(SUMMARIZED_METRICS + DERIVED_METRICS) + "`) and their 95% Student t "
+     "interval; timings without the prompts too short to time"),
+    ("predicted_speedup, predicted_drafted_k", "the one predicted speedup (Leviathan et al.) from the pooled "
+                                               "acceptance rate, the k the steps drafted (`predicted_drafted_k`) "
+                                               "and the mean cost ratio; summary.json's"),
+    ("per_position_pooled, per_position_ci_low, per_position_ci_high, per_position_attempts",
+     "a_i pooled (accepted at i / verified at i, lists by position), its interval and the positions verified"),
+    ("per_position_acceptance_mean", "a_i as the per-prompt mean (prompts that never reached i skipped)"),
+    ("accepted_histogram", "steps by drafts kept, h_0..h_k, summed over the rows"),
+    ("short_prompts, short_prompt_ids", "the rows too short to time, counted and named"),
+    ("identical_outputs", "share of rows (temperature 0) whose output equals the baseline's"),
+    ("log_likelihood_mean, baseline_log_likelihood_mean", "a lossy rule's target log-likelihood per token, and the "
+                                                          "target's own"),
+    ("greedy_repeats_disagree", "prompts whose greedy repeats differ in their counts (empty normally)"),
+    ("most_concurrent_jobs, hosts, processors", "where it ran: the most jobs of its sweep at once on its machine, "
+                                                 "the machines, their processors"),
+)
+
+
+def summary_csv_table() -> str:
+    """The table of docs/experiments.md that documents summary.csv (``SUMMARY_CSV_COLUMNS``)."""
+    from specdec.results import markdown_table
+
+    return markdown_table(["column", "meaning"], [[f"`{column}`", meaning]
+                                                  for column, meaning in SUMMARY_CSV_COLUMNS]) + "\n"
+
+
+def documented(column: str) -> bool:
+    """Whether a summary.csv column is one ``SUMMARY_CSV_COLUMNS`` names (settings aside)."""
+    named = {name.strip() for names, _ in SUMMARY_CSV_COLUMNS for name in names.split(",")}
+    figures = {f"{figure}_{stat}" for figure in POOLED_FIGURES
+               for stat in ("pooled", "pooled_ci_low", "pooled_ci_high", "between_min", "between_max", "between_sd")}
+    means = {f"{metric}_{stat}" for metric in SUMMARIZED_METRICS + DERIVED_METRICS
+             for stat in ("mean", "ci_low", "ci_high")}
+    return column in named | figures | means

@@ -18,7 +18,7 @@ import os
 import warnings
 from pathlib import Path
 
-from specdec.results import json_ready
+from specdec.results import POOLED_FIGURES, json_ready
 
 
 class WandbWarning(UserWarning):
@@ -140,8 +140,9 @@ class WandbLogger:
 
 
 PROMPT_PREFIX = "prompt/"  # where each prompt's numbers go in the history
-# The run's figures under their plain names in the run summary: the pooled ones (specdec.results.POOLED_FIGURES).
-PLAIN_FIGURES = ("speedup", "acceptance_rate", "mean_accepted_length", "spec_tokens_per_s", "baseline_tokens_per_s")
+# The run's figures under their plain names in the run summary: the pooled ones (specdec.results.POOLED_FIGURES:
+# vLLM's acceptance length and Spec-Bench's speedup among them) and the one predicted speedup.
+PLAIN_FIGURES = tuple(POOLED_FIGURES)
 
 
 def prompt_step(row: dict, index: int) -> dict:
@@ -158,7 +159,8 @@ def run_summary(summary: dict) -> dict:
     """W&B's run summary from summary.json: each pooled figure under its plain name (``speedup``) with
     ``<name>/ci_low`` and ``<name>/ci_high``, each per-prompt mean under ``per_prompt/<name>``, pooled per-position
     acceptance as ``per_position_acceptance/<i>`` with ``per_position_attempts/<i>``, the accepted histogram as
-    ``accepted_histogram/<j>``, the short prompts' count, every number at summary.json's top level under its own
+    ``accepted_histogram/<j>``, with several rounds each pooled figure's spread between them
+    (``<name>/between_rounds_min``, ``_max``, ``_sd``), the short prompts' count, every number at summary.json's top level under its own
     name (a training run's ``simulated_tau``), and summary.json whole under ``summary/``."""
     flat = {f"summary/{key}": value for key, value in flatten(summary).items()}
     flat |= {key: value for key, value in summary.items() if is_scalar_number(value)}
@@ -167,8 +169,14 @@ def run_summary(summary: dict) -> dict:
         if name in pooled:
             figure = pooled[name]
             flat |= {name: figure["value"], f"{name}/ci_low": figure["ci_low"], f"{name}/ci_high": figure["ci_high"]}
+    if "predicted_speedup" in pooled:  # a model's figure: no interval
+        flat["predicted_speedup"] = pooled["predicted_speedup"]["value"]
     for name, mean in means.items():
         flat[f"per_prompt/{name}"] = mean["mean"]
+    spread = summary.get("between_rounds") or {}
+    for name in POOLED_FIGURES:
+        if name in spread and spread.get("replicates", 1) > 1:
+            flat |= {f"{name}/between_rounds_{stat}": spread[name][stat] for stat in ("min", "max", "sd")}
     for position, figure in enumerate(pooled.get("per_position_acceptance") or [], 1):
         flat |= {f"per_position_acceptance/{position}": figure["value"],
                  f"per_position_attempts/{position}": figure["attempts"]}
@@ -216,3 +224,26 @@ def flatten(data: dict, prefix: str = "") -> dict:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+# Training loggers --------------------------------------------------------------------------------------------------
+
+class NullTrainingLogger(NullLogger):
+    """Logs nothing (logger=none): the run directory holds everything."""
+
+    def log_step(self, data: dict, step: int) -> None:
+        """log.jsonl already has it."""
+
+
+class WandbTrainingLogger(WandbLogger):
+    """W&B for training (logger=wandb; offline unless told): one W&B step per optimizer step, the summary at the
+    end. Any wandb failure warns once and logging stops; training goes on."""
+
+    def start(self, run_id: str, group: str, name: str, config: dict, run_dir: Path) -> None:
+        super().start(run_id, group, name, config, run_dir)
+        if self.run is not None:
+            self.guard("init", lambda: self.run.define_metric("*", step_metric="step"))
+
+    def log_step(self, data: dict, step: int) -> None:
+        if self.run is not None:
+            self.guard("log", lambda: self.run.log({**data, "step": step}))

@@ -11,7 +11,7 @@ with EOS ignored (the loop goes on through it), at k = ``--k``: greedy (``Greedy
 sampling (seed = the prompt's index). One JSON line: tau = emitted / target calls, per-position acceptance, acceptance
 rate, the cost ratio c (one draft forward / one target forward, timed in the same run), Leviathan's predicted speedup
 from the acceptance rate and c, vLLM's acceptance length (``drafting_tau``: over the steps that drafted), and at
-temperature 0 the simulated tau (``specdec.distill``) on the target's greedy continuations of the same prompts, the
+temperature 0 the simulated tau (``specdec.train.losses``) on the target's greedy continuations of the same prompts, the
 figure training reports, and the walked tau (``walked_acceptance``): the same matches followed step by step as the
 loop takes them, which the loop's tau should equal. On a ``*-shaped`` pair (random weights) only the cost ratio means
 anything: ``--checkpoint untrained`` times a fresh EAGLE head of the default options there.
@@ -29,8 +29,8 @@ import torch
 
 import specdec
 from experiments.config_checks import ConfigError
-from experiments.drafter_data import heldout_set
-from experiments.drafter_training import Family, evaluate, heldout_batches, hidden_layers
+from specdec.train.data import heldout_set
+from specdec.train.loop import Family, evaluate, heldout_batches, hidden_layers
 from specdec.checkpoints import load_weights, read_drafter_config
 from specdec.eagle import SHIPPED as EAGLE_SHIPPED
 from specdec.eagle import EagleDrafter

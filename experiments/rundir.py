@@ -46,6 +46,7 @@ from specdec.results import (
     read_rows,
     read_rows_file,
     read_summary,
+    round_of,
 )
 
 HYDRA_OWN_FILES = {".hydra", "run.log"}  # what Hydra writes into a run directory before the job starts
@@ -493,8 +494,10 @@ def decodes_one_of(row: dict, hashes: set[str], ids: set[str]) -> bool:
     return row["prompt_hash"] in hashes if has_hash(row) else row["prompt_id"] in ids
 
 
-def prompts_left(prompts: list, rows: list[dict]) -> list:
-    """The prompts that no row decoded yet, in their order."""
+def prompts_left(prompts: list, rows: list[dict], round_number: int = 0) -> list:
+    """The prompts that no row of round ``round_number`` decoded yet, in their order (a row without a round is of
+    round 0)."""
+    rows = [row for row in rows if round_of(row) == round_number]
     hashes = {row["prompt_hash"] for row in rows if has_hash(row)}
     ids = {row["prompt_id"] for row in rows if not has_hash(row)}
     return [prompt for prompt in prompts if prompt.hash not in hashes and str(prompt.id) not in ids]

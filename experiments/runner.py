@@ -35,18 +35,20 @@ from experiments import rundir
 from experiments.config_checks import ConfigError, data_label, data_name, one_line, validate
 from experiments.harness import System, compilations
 from experiments.concurrency import LiveJobs, host_name, live_jobs_dir
+from experiments.provenance import code_provenance, drafter_weights_hash, load_average, processor_name, weights_hash
 from specdec.batching import left_pad
 from specdec.profile import time_forwards
 from specdec.stats import DecodeStats
 from specdec.results import (
     IDENTITY_COLUMNS,
-    INTERVAL_METRICS,
     MIN_PROMPTS_FOR_INTERVAL,
     SUMMARY,
     Condition,
     Metrics,
     Outputs,
     PromptColumns,
+    PROVENANCE_COLUMNS,
+    Provenance,
     Row,
     RunIdentity,
     read_rows,
@@ -110,6 +112,7 @@ def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = No
     ``after_row`` is called with each row once it is on disk (tests use it to simulate a kill).
     """
     objects, skip_reason = validate(cfg)
+    check_rounds(cfg.get("rounds", 1))
     if skip_reason and not job.in_sweep:
         raise ConfigError(f"{skip_reason} (a sweep skips such a job; a single run refuses it)")
     config = resolved(cfg)
@@ -140,7 +143,8 @@ def run_in(out_dir: Path, note: str | None, cfg: DictConfig, job: Job, setting: 
     group = done_rows[0]["group"] if done_rows else (cfg.group or job.default_group)
     config["group"] = group
     rundir.write_config(out_dir, config)
-    todo = rundir.prompts_left(prompts, done_rows)
+    todo = [(number, prompt) for number in range(rounds(cfg))
+            for prompt in rundir.prompts_left(prompts, done_rows, number)]
     if todo:
         rundir.check_appendable(out_dir)  # before the models load, and before saying the run continues
     if note or done_rows or recovery.set_aside or recovery.moved:
@@ -149,20 +153,44 @@ def run_in(out_dir: Path, note: str | None, cfg: DictConfig, job: Job, setting: 
     logger = instantiate(cfg.logger)
     logger.start(run_id, group, run_name(setting.identity), config, out_dir)
     failed = True
+    load_at_start = load_average()
     try:
         if todo:
             # Registered from before the models load: loading competes for the machine too.
             with LiveJobs(job.live_jobs_dir) as live_jobs:
-                decode_prompts(cfg, setting, todo, out_dir, done_rows, len(prompts), logger, live_jobs, after_row)
+                decode_prompts(cfg, setting, todo, out_dir, done_rows, len(prompts) * rounds(cfg), logger,
+                               live_jobs, after_row)
         rows = read_rows(out_dir)
-        summary = {"status": "complete", **identity(rows[0]), "batch_size": cfg.batch_size,
-                   "compile_seconds": run_compile_seconds(rows), **summarize_rows(rows)}
+        summary = {"status": "complete", **identity(rows[0]), "batch_size": cfg.batch_size, "rounds": rounds(cfg),
+                   "compile_seconds": run_compile_seconds(rows),
+                   "provenance": run_provenance(rows, load_at_start, load_average()), **summarize_rows(rows)}
         rundir.write_json(out_dir / SUMMARY, summary)
         print(format_table(summary, title(rows[0], len(rows), out_dir)))
         failed = False
     finally:
         logger.finish(read_rows(out_dir), summary if not failed else {"status": "failed"}, failed)
     return summary
+
+
+def rounds(cfg: DictConfig) -> int:
+    """How many times each prompt's interleaved baseline/speculative pair is decoded (the run key ``rounds``)."""
+    return cfg.get("rounds", 1)
+
+
+def check_rounds(value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"rounds={value!r}: rounds must be an integer >= 1 (how many times each prompt's "
+                          "baseline/speculative pair is decoded)")
+
+
+def run_provenance(rows: list[dict], load_at_start: float | None, load_at_end: float | None) -> dict:
+    """summary.json's ``provenance``: the provenance columns of the run's first row, the machine's load average
+    when this process started decoding and when it ended, and ``differs``: the provenance columns whose value is
+    not the same in every row (a run resumed at another commit or on another machine), so that it is never hidden."""
+    first = rows[0]
+    differs = [name for name in PROVENANCE_COLUMNS if len({repr(row.get(name)) for row in rows}) > 1]
+    return {**{name: first.get(name) for name in PROVENANCE_COLUMNS},
+            "load_average": {"start": load_at_start, "end": load_at_end}, "differs": differs}
 
 
 def run_compile_seconds(rows: list[dict]) -> float | None:
@@ -278,14 +306,26 @@ def run_name(identity: RunIdentity) -> str:
 
 def title(row: dict, num_rows: int, out_dir: Path) -> str:
     system = "" if row["system"] == "specdec" else f"system={row['system']} "
+    eos = "stops at EOS" if row.get("stop_at_eos") else "EOS ignored"
     return (f"{out_dir}: pair={row['pair']} {system}drafter={row['drafter']} strategy={row['strategy']} "
             f"(lossless: {'yes' if row['lossless'] else 'no'}) k={row['k']} sampling={row['sampling']} "
-            f"({num_rows} prompts)")
+            f"stop_at_eos={str(bool(row.get('stop_at_eos'))).lower()} ({eos}) ({num_rows} rows)\n"
+            f"code {row.get('git_commit') or 'unknown'}{' (dirty)' if row.get('git_dirty') else ''}, torch "
+            f"{row.get('torch_version')}, transformers {row.get('transformers_version')}; weights target "
+            f"{row.get('target_weights')}, drafter {row.get('drafter_weights')}; {row.get('processor')}, "
+            f"{row.get('torch_threads')} threads")
+
+
+# The console's rows, in order: each pooled figure beside its per-prompt mean where it has one.
+CONSOLE_FIGURES = ("speedup", "spec_bench_speedup", "acceptance_rate", "mean_accepted_length",
+                   "vllm_acceptance_length", "spec_tokens_per_s", "baseline_tokens_per_s", "cost_ratio",
+                   "predicted_speedup")
 
 
 def format_table(summary: dict, title: str) -> str:
-    """The run summary as a short fixed-width table: each metric pooled over the prompts (with its bootstrap
-    interval) beside its per-prompt mean (with its t interval), and the prompts too short to time, named."""
+    """The run summary as a short fixed-width table: each figure pooled over the prompts and rounds (with its
+    bootstrap interval) beside its per-prompt mean (with its t interval), the spread of the pooled figure between
+    rounds where there are several, the greedy repeats that disagree, and the prompts too short to time, named."""
     def bounds(low, high, n) -> str:
         if 0 < n < MIN_PROMPTS_FOR_INTERVAL:
             return f"n/a (< {MIN_PROMPTS_FOR_INTERVAL} prompts)"
@@ -296,23 +336,40 @@ def format_table(summary: dict, title: str) -> str:
     def number(value) -> str:
         return f"{value:.3f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
 
-    lines = [title, f"{'metric':<22} {'pooled':>9}   {'95% CI (bootstrap)':<21} {'per-prompt mean':>15}   "
-                    f"{'95% CI (t)':<21} {'n':>4}"]
-    for name in INTERVAL_METRICS:
-        mean, pooled = summary["metrics"][name], summary["pooled"].get(name)
+    spread = summary.get("between_rounds") or {}
+    several = spread.get("replicates", 1) > 1
+    lines = [title, f"{'figure':<22} {'pooled':>9}   {'95% CI (bootstrap)':<21} {'per-prompt mean':>15}   "
+                    f"{'95% CI (t)':<21} {'n':>4}" + (f"   {'between rounds (min-max, sd)':<28}" if several else "")]
+    for name in CONSOLE_FIGURES:
+        mean, pooled = summary["metrics"].get(name), summary["pooled"].get(name)
         pooled_cells = f"{'':>9}   {'':<21}"
         if pooled:
             interval = bounds(pooled["ci_low"], pooled["ci_high"], pooled["prompts"])
-            pooled_cells = f"{number(pooled['value']):>9}   {interval:<21}"
-        lines.append(f"{name:<22} {pooled_cells} {number(mean['mean']):>15}   "
-                     f"{bounds(mean['ci_low'], mean['ci_high'], mean['n']):<21} {mean['n']:>4}")
+            pooled_cells = f"{number(pooled['value']):>9}   {'' if name == 'predicted_speedup' else interval:<21}"
+        mean_cells = f"{'':>15}   {'':<21} {'':>4}"
+        if mean:
+            mean_cells = (f"{number(mean['mean']):>15}   {bounds(mean['ci_low'], mean['ci_high'], mean['n']):<21} "
+                          f"{mean['n']:>4}")
+        rounds_cell = ""
+        if several and name in spread:
+            figure = spread[name]
+            rounds_cell = f"   {number(figure['min'])}-{number(figure['max'])}, sd {number(figure['sd'])}"
+        lines.append(f"{name:<22} {pooled_cells} {mean_cells}{rounds_cell}")
     short = summary["short_prompts"]
     if short["count"]:
         named = ", ".join(short["prompt_ids"][:8]) + (", ..." if short["count"] > 8 else "")
-        lines.append(f"too short to time: {short['count']} of {summary['prompts']} prompts ({named}), left out of "
+        rows = summary.get("rows", summary["prompts"])
+        counted = f"{rows} prompts" if rows == summary["prompts"] else f"{rows} (prompt, round) rows"
+        lines.append(f"too short to time: {short['count']} of {counted} ({named}), left out of "
                      "the per-prompt means of timings, counted in the pooled figures (rule in summary.json)")
-    lines.append("pooled: totals over all prompts (speedup = baseline s/token / speculative s/token); n: prompts in "
-                 "the per-prompt mean (timings leave out the short ones; cost ratio needs a decode step that drafted)")
+    if summary.get("greedy_repeats_disagree"):
+        lines.append(f"warning: greedy repeats disagree in their counts for {', '.join(summary['greedy_repeats_disagree'])}"
+                     " (only other code, other weights or a nondeterministic kernel can cause it)")
+    lines.append("pooled: totals over all prompts and rounds (speedup = baseline s/token / speculative s/token; "
+                 "spec_bench_speedup = mean tok/s / mean baseline tok/s, Spec-Bench's; vllm_acceptance_length = "
+                 "1 + accepted / calls that drafted; predicted_speedup from the pooled acceptance, the k the steps "
+                 "drafted and the mean cost ratio); n: prompts in the per-prompt mean (timings leave out the short "
+                 "ones; cost ratio needs a decode step that drafted)")
     return "\n".join(lines)
 
 
@@ -336,11 +393,11 @@ class Measured:
     metrics: Callable[[DecodeStats, int], Metrics]
 
 
-def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, total: int, logger, live_jobs: LiveJobs,
-                   after_row) -> None:
-    """Load the pair, warm up, then decode every prompt batch with the baseline and the run's system and write its
-    rows, each saying how many jobs of the sweep ran on this machine meanwhile (counted before and after the
-    batch)."""
+def decode_prompts(cfg, setting: Setting, todo: list[tuple[int, object]], out_dir: Path, done_rows, total: int, logger,
+                   live_jobs: LiveJobs, after_row) -> None:
+    """Load the pair, warm up, then decode every (round, prompt) batch of ``todo`` with the baseline and the run's
+    system and write its rows, each saying how many jobs of the sweep ran on this machine meanwhile (counted before
+    and after the batch), the machine's load average before and after it, and the run's provenance."""
     transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bars say nothing a run needs
     pair = instantiate(cfg.pair)
     tokenizer = pair.tokenizer
@@ -358,9 +415,13 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
     baseline = specdec.Decoder(pair.target, None, setting.strategy, copy.deepcopy(setting.draft_length),
                                setting.sampling, compile=cfg.compile, forward=cfg.forward)
     eos = tokenizer.eos_token_id if cfg.stop_at_eos else None
-    batches = [prompts[i : i + cfg.batch_size] for i in range(0, len(prompts), cfg.batch_size)]
-    encoded = [encode(tokenizer, [p.text for p in batch], device) for batch in batches]
+    batches = [(number, batch) for number in dict.fromkeys(number for number, _ in todo)
+               for batch in batched([prompt for n, prompt in todo if n == number], cfg.batch_size)]
+    encoded = [encode(tokenizer, [p.text for p in batch], device) for _, batch in batches]
     side = TransformersSide(setting, pair) if setting.system.is_transformers else SpecdecSide(cfg, setting, pair)
+    provenance = Provenance(**code_provenance(), target_weights=weights_hash(pair.target),
+                            drafter_weights=side.drafter_weights(), processor=processor_name(device),
+                            torch_threads=torch.get_num_threads())
     side.compile_seconds = warm_up(cfg, (baseline.generate, side.warm), encoded, device)
     side.profile(cfg, encoded[0])
     compiled_before = compilations()
@@ -370,24 +431,25 @@ def decode_prompts(cfg, setting: Setting, prompts, out_dir: Path, done_rows, tot
     progress = tqdm(total=total, initial=len(done_rows), unit="prompt", desc=run_name(setting.identity),
                     file=sys.stderr, dynamic_ncols=True)
     try:
-        for index, batch in enumerate(batches):
+        for index, (number, batch) in enumerate(batches):
             input_ids, mask = encode(tokenizer, [p.text for p in batch], device)
-            jobs_before = live_jobs.count()
-            # Alternate which side goes first, so drift (thermal, caches, other load) hits both alike.
-            if index % 2 == 0:
+            jobs_before, load_before = live_jobs.count(), load_average()
+            # Alternate which side goes first, so drift (thermal, caches, other load) hits both alike; a prompt's
+            # next round swaps its order.
+            if (index + number) % 2 == 0:
                 base_out = generate_or_explain(baseline.generate, input_ids, mask, batch, cfg, eos)
                 measured = generate_or_explain(side.measure, input_ids, mask, batch, cfg, eos)
             else:
                 measured = generate_or_explain(side.measure, input_ids, mask, batch, cfg, eos)
                 base_out = generate_or_explain(baseline.generate, input_ids, mask, batch, cfg, eos)
-            condition = Condition(host_name(), most_jobs(jobs_before, live_jobs.count()))
+            condition = Condition(host_name(), most_jobs(jobs_before, live_jobs.count()), load_before, load_average())
             for row_index, prompt in enumerate(batch):
                 prompt_ids = input_ids[row_index, mask[row_index].bool()].tolist()
                 likelihoods = None if setting.identity.lossless else (
                     mean_log_likelihood(pair.target, prompt_ids, measured.tokens[row_index]),
                     mean_log_likelihood(pair.target, prompt_ids, base_out.tokens[row_index]))
-                row = make_row(setting, condition, prompt, len(prompt_ids), row_index, len(batch), measured,
-                               base_out, likelihoods).to_json()
+                row = make_row(setting, condition, provenance, prompt, number, len(prompt_ids), row_index, len(batch),
+                               measured, base_out, likelihoods).to_json()
                 writer.write(row)
                 all_rows.append(row)
                 logger.log_row(row, len(all_rows) - 1)
@@ -415,6 +477,10 @@ class SpecdecSide:
         self.k, self.tree = setting.identity.k, drafter.drafts_trees
         self.compile_seconds: float | None = None
         self.cost_ratio: float | None = None
+        self.drafter, self.target = drafter, pair.target
+
+    def drafter_weights(self) -> str | None:
+        return drafter_weights_hash(self.drafter, self.target)
 
     def warm(self, input_ids, mask, max_new_tokens, eos_token_id, seed) -> None:
         self.decoder.generate(input_ids, mask, max_new_tokens, eos_token_id, seed)
@@ -440,6 +506,10 @@ class TransformersSide:
 
     def warm(self, input_ids, mask, max_new_tokens, eos_token_id, seed) -> None:
         self.measure(input_ids, mask, max_new_tokens, eos_token_id, seed)
+
+    def drafter_weights(self) -> str | None:
+        """Assisted generation drafts with the pair's draft model; transformers' generate drafts nothing."""
+        return weights_hash(self.pair.draft) if self.system.name == "hf_assisted" else None
 
     def profile(self, cfg, encoded) -> None:
         """transformers' phases are not timed apart: no cost ratio."""
@@ -523,6 +593,10 @@ def most_jobs(before: int | None, after: int | None) -> int | None:
     return None if before is None or after is None else max(before, after)
 
 
+def batched(prompts: list, size: int) -> list[list]:
+    return [prompts[i : i + size] for i in range(0, len(prompts), size)]
+
+
 def encode(tokenizer, texts: list[str], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokenize a batch with left padding: [B, T] input ids and attention mask on ``device``."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -538,17 +612,19 @@ def generate_or_explain(call, input_ids, mask, batch, cfg, eos):
         raise ValueError(f"prompt(s) {ids}: {err}") from err
 
 
-def make_row(setting: Setting, condition: Condition, prompt, prompt_tokens: int, i: int, batch_size: int,
-             measured: Measured, base: specdec.GenerationOutput, log_likelihoods: tuple[float, float] | None = None
-             ) -> Row:
-    """The row (docs/results-schema.md) of row ``i`` of a batch of ``batch_size`` that both sides decoded;
-    ``log_likelihoods``: the target's mean log-likelihood of each side's output, for a lossy rule."""
+def make_row(setting: Setting, condition: Condition, provenance: Provenance, prompt, round_number: int,
+             prompt_tokens: int, i: int, batch_size: int, measured: Measured, base: specdec.GenerationOutput,
+             log_likelihoods: tuple[float, float] | None = None) -> Row:
+    """The row (docs/results-schema.md) of row ``i`` of a batch of ``batch_size`` that both sides decoded in round
+    ``round_number``; ``log_likelihoods``: the target's mean log-likelihood of each side's output, for a lossy
+    rule."""
     return Row(
         identity=replace(setting.identity, batch_size=batch_size),
         options=setting.options,
         condition=condition,
+        provenance=provenance,
         prompt=PromptColumns(prompt_id=str(prompt.id), prompt_hash=prompt.hash, prompt_tokens=prompt_tokens,
-                             category=prompt.category),
+                             category=prompt.category, round=round_number),
         metrics=measured.metrics(base.stats, i),
         outputs=Outputs.of(measured.tokens[i], base.tokens[i], setting.sampling.is_greedy, log_likelihoods),
     )

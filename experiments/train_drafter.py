@@ -16,6 +16,7 @@ Bad settings are refused in one line (exit 2) before any model or data loads.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -29,22 +30,29 @@ import hydra
 import torch
 import yaml
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from experiments import drafter_data as data_lib
 from experiments.config_checks import ConfigError, one_line
-from experiments.drafter_training import (KINDS, Best, Checkpoints, Ranks, Settings, TrainingData, barrier,
-                                          build_family, frequent_tokens, heldout_batches, print_line, start_ranks,
-                                          train)
+from experiments.refusal import refuse as refuse_line
+from experiments.refusal import refuse_unknown_group_options
+from experiments.rundir import RunLock
 from specdec.checkpoints import target_identity
-from specdec.distill import DIVERGENCES
-from specdec.models import DTYPES, ModelUnavailableError, load_pair, plan_pair
+from specdec.heads import EagleHead, MedusaHeads
+from specdec.models import DTYPES, SHAPED_PRESETS, ModelUnavailableError, load_config, load_pair, plan_pair, resolve_pair_ids
+from specdec.train import corpus as corpus_lib
+from specdec.train import data as data_lib
+from specdec.train.files import DamagedFile
+from specdec.train.loop import (KINDS, Best, Checkpoints, Ranks, Settings, TrainingData, TrainingStopped, barrier,
+                                build_family, frequent_tokens, heldout_batches, hidden_layers, print_line,
+                                start_ranks, train)
+from specdec.train.losses import DIVERGENCES
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TRAIN_CONFIGS = CONFIGS / "train"
 CONFIG_FILE = "train_config.yaml"
+GROUPS = ("pair", "drafter", "loss", "data", "logger")
 # Keys a resumed run may change: they do not change what is computed.
 RESUMABLE_CHANGES = ("resume", "max_minutes", "threads", "logger")
 OmegaConf.register_new_resolver("specdec_configs", lambda: str(CONFIGS), replace=True)
@@ -79,22 +87,85 @@ class Texts:
 
     openings: list[list[int]]
     heldout_prompts: list[str]
+    corpus: corpus_lib.Corpus
+
+
+def main() -> None:
+    """The command line checked before Hydra composes it (Hydra refuses an unknown group option or key in many
+    lines), then the run."""
+    arguments = sys.argv[1:]
+    refuse_unknown_group_options(arguments, TRAIN_CONFIGS)
+    try:
+        check_override_keys(arguments)
+    except ConfigError as err:
+        refuse(err)
+    train_from_config()
 
 
 @hydra.main(version_base="1.3", config_path=str(TRAIN_CONFIGS), config_name="train")
-def main(cfg: DictConfig) -> None:
+def train_from_config(cfg: DictConfig) -> None:
     try:
         plan = check(cfg, Path(HydraConfig.get().runtime.output_dir))
         texts = read_texts(plan)
+        with RunLock(plan.out):
+            run(plan, texts)
     except ConfigError as err:
         refuse(err)
-    run(plan, texts)
+    except (TrainingStopped, DamagedFile) as err:
+        print(f"training stopped: {err}", file=sys.stderr)
+        sys.exit(1)
 
 
 def refuse(err: ConfigError) -> None:
     """The one refusal: one line, exit 2, before any model or data loads."""
-    print(f"config error: {err}", file=sys.stderr)
-    sys.exit(2)
+    refuse_line(f"config error: {err}")
+
+
+def top_level_keys() -> list[str]:
+    """The keys a composed training config may hold: train.yaml's, its config groups, hydra."""
+    primary = OmegaConf.load(TRAIN_CONFIGS / "train.yaml")
+    groups = [group for entry in primary.defaults if OmegaConf.is_dict(entry) for group in entry]
+    return sorted({*(key for key in primary if key != "defaults"), *groups, "hydra"})
+
+
+def check_override_keys(arguments: list[str]) -> None:
+    """Each ``key=value`` override (not ``+key``, which adds) must name a key of the config its group overrides
+    compose: the nearest known key is named (Hydra would say 'not in struct' in many lines)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if "-m" in arguments or "--multirun" in arguments:
+        return
+    try:
+        overrides = OverridesParser.create().parse_overrides([a for a in arguments if not a.startswith("-")])
+    except Exception:  # noqa: BLE001 - refuse_unknown_group_options names an override Hydra cannot parse
+        return
+    groups = [o.input_line for o in overrides if o.key_or_group in GROUPS and not o.is_add() and not o.is_delete()]
+    with initialize_config_dir(config_dir=str(TRAIN_CONFIGS), version_base="1.3"):
+        composed = compose("train", overrides=groups)
+    for override in overrides:
+        key = override.key_or_group
+        if override.is_add() or override.is_force_add() or override.is_delete() or key in GROUPS \
+                or key.split(".")[0] == "hydra" or override.package is not None:
+            continue
+        parent, _, name = key.rpartition(".")
+        node = OmegaConf.select(composed, parent) if parent else composed
+        if not OmegaConf.is_dict(node) or name not in node:
+            known = [f"{parent}.{k}" if parent else k for k in (node if OmegaConf.is_dict(node) else [])]
+            nearest = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {nearest[0]}?" if nearest else f"known: {', '.join(known) or 'none'}"
+            raise ConfigError(f"{key} is not a key of the training config (configs/train/); {hint}")
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """A top-level key nothing reads (``+unknown_key=1``, which Hydra adds silently) is refused."""
+    known = top_level_keys()
+    for key in cfg:
+        if key not in known:
+            nearest = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {nearest[0]}?" if nearest else f"known: {', '.join(known)}"
+            raise ConfigError(f"{key}={cfg[key]!r} is not a key the training app reads (configs/train/train.yaml); "
+                              f"{hint}")
 
 
 # Checks ------------------------------------------------------------------------------------------------------------
@@ -139,10 +210,15 @@ RULES = [  # (key, rule, what is allowed)
 def check(cfg: DictConfig, run_dir: Path) -> Plan:
     """Every key checked, the groups built (their constructors check their own arguments) and the pair planned
     without its weights; any problem is one ConfigError line naming the key."""
+    check_known_keys(cfg)
     for key, rule, allowed in RULES:
         value = OmegaConf.select(cfg, key, throw_on_missing=False)
         if not rule(value):
             raise ConfigError(f"{key}={value!r} is not allowed: must be {allowed}")
+    if cfg.heldout.k >= cfg.heldout.new_tokens:
+        raise ConfigError(f"heldout.k={cfg.heldout.k} is not allowed with heldout.new_tokens="
+                          f"{cfg.heldout.new_tokens}: a draft of k tokens is measured within the continuation, so "
+                          f"k < new_tokens")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if cfg.batch_size % world:
         raise ConfigError(f"batch_size={cfg.batch_size} is not allowed: must be a multiple of the {world} ranks")
@@ -157,9 +233,11 @@ def check(cfg: DictConfig, run_dir: Path) -> Plan:
     pair = OmegaConf.to_container(cfg.pair, resolve=True)
     pair.pop("_target_", None)
     try:
-        plan_pair(**pair)
+        pair_plan = plan_pair(**pair)
     except (ValueError, TypeError, OSError, ModelUnavailableError) as err:
         raise ConfigError(f"pair: {one_line(err)}") from None
+    check_against_target(cfg, kind, make_head, data, pair, pair_plan.context_limit)
+    check_objective(objective)
     logger = build_group(cfg, "logger")
     config = OmegaConf.to_container(cfg, resolve=True)
     out, note = output_directory(cfg.resume, run_dir, config)
@@ -202,6 +280,13 @@ def check_partial(key: str, built: partial) -> None:
 def check_head(cfg: DictConfig, kind: str) -> None:
     """What the head's constructor can only check once the target is loaded."""
     head = cfg.drafter.head
+    if kind == "model":
+        return
+    family = {"eagle": EagleHead, "medusa": MedusaHeads}[kind]
+    built = get_class(str(head._target_)) if "_target_" in head else None
+    if not (isinstance(built, type) and issubclass(built, family)):
+        raise ConfigError(f"drafter.head._target_={head.get('_target_')!r} is not allowed: drafter.kind={kind} "
+                          f"trains a specdec.heads.{family.__name__}")
     if kind == "eagle":
         layers = head.feature_layers
         if not OmegaConf.is_list(layers) or not layers or not all(is_int(v) for v in layers):
@@ -227,17 +312,65 @@ def check_head(cfg: DictConfig, kind: str) -> None:
                           f"from the whole vocabulary")
 
 
+def check_against_target(cfg: DictConfig, kind: str, make_head, data, pair: dict, context_limit: int | None) -> None:
+    """What needs the target's shape, checked on its config alone (a model on the meta device, no weights): the
+    head built as training builds it, the layers it reads, the draft vocabulary and the lengths."""
+    config = target_config(pair)
+    vocabulary = config.vocab_size
+    draft_vocab = cfg.drafter.draft_vocab
+    if draft_vocab is not None and draft_vocab > vocabulary:
+        raise ConfigError(f"drafter.draft_vocab={draft_vocab} is not allowed: the target's vocabulary holds "
+                          f"{vocabulary} tokens")
+    longest = {"data": data.width, "heldout": corpus_lib.PROMPT_TOKENS[1] + cfg.heldout.new_tokens}
+    for key, length in longest.items():
+        if context_limit is not None and length > context_limit:
+            raise ConfigError(f"{key}: sequences of up to {length} tokens are not allowed: the pair attends over "
+                              f"{context_limit} positions (shorten {key}'s new_tokens or prompt lengths)")
+    if kind == "model":
+        return
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        target = AutoModelForCausalLM.from_config(config)
+    try:
+        head = make_head(target, draft_ids=list(range(draft_vocab))) if draft_vocab is not None else make_head(target)
+        hidden_layers(target, getattr(head, "feature_layers", ()))
+    except (ValueError, TypeError, RuntimeError, AssertionError) as err:
+        raise ConfigError(f"drafter.head: {one_line(err)}") from None
+
+
+def target_config(pair: dict):
+    """The target's transformers config, read without its weights."""
+    preset = pair.get("preset")
+    if pair.get("target") is None and preset in SHAPED_PRESETS:
+        from transformers import GPT2Config
+
+        from specdec.models import GPT2_SHAPES
+
+        return GPT2Config(**GPT2_SHAPES[SHAPED_PRESETS[preset][1]])
+    return load_config(resolve_pair_ids(preset, pair.get("draft"), pair.get("target")).target)
+
+
+def check_objective(objective: partial) -> None:
+    """The loss's weights: finite numbers >= 0 (a NaN or negative weight trains toward nothing useful)."""
+    for name in ("feature_weight", "token_weight", "pass_decay"):
+        if name in objective.keywords:
+            value = objective.keywords[name]
+            if not (is_number(value) and value >= 0):
+                raise ConfigError(f"drafter.objective.{name}={value!r} is not allowed: must be a finite number >= 0")
+
+
 def read_texts(plan: Plan) -> Texts:
     """The corpus, split, its training openings and held-out prompts, with the pair's tokenizer (no weights): a
     corpus too small for the data asked is refused here."""
     tokenizer = plan_pair(**plan.pair).tokenizer
     try:
-        corpus = data_lib.read_corpus(plan.data.corpus, plan.data.heldout_fraction)
+        corpus = corpus_lib.read_corpus(plan.data.corpus, plan.data.heldout_fraction)
         openings = plan.data.openings(corpus, tokenizer)
-        prompts = data_lib.heldout_prompts(corpus, tokenizer, plan.heldout["first"], plan.heldout["count"])
+        prompts = corpus_lib.heldout_prompts(corpus, tokenizer, plan.heldout["first"], plan.heldout["count"])
     except (ValueError, OSError) as err:
         raise ConfigError(f"data: {one_line(err)}") from None
-    return Texts(openings, prompts)
+    return Texts(openings, prompts, corpus)
 
 
 def comparable(config: dict) -> dict:
@@ -264,18 +397,38 @@ def output_directory(resume: object, run_dir: Path, config: dict) -> tuple[Path,
 
 
 def config_difference(directory: Path, config: dict) -> str | None:
-    saved = comparable(yaml.safe_load((directory / CONFIG_FILE).read_text(encoding="utf-8")))
+    saved = comparable(saved_config(directory))
     for key in sorted(set(saved) | set(comparable(config))):
         if saved.get(key) != config.get(key):
             return f"{key}: {saved.get(key)!r} there, {config.get(key)!r} here"
     return None
 
 
+def same_config(directory: Path, config: dict) -> bool:
+    try:
+        return config_difference(directory, config) is None
+    except ConfigError:  # a damaged run directory is not one to continue
+        return False
+
+
+def saved_config(directory: Path) -> dict:
+    """The config a run directory's train_config.yaml holds; a damaged one is named."""
+    path = directory / CONFIG_FILE
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as err:
+        saved = err
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{path} is damaged (not a config): resume another run, or delete {directory} to drop "
+                          f"this one")
+    return saved
+
+
 def unfinished_runs(root: Path, config: dict, exclude: Path) -> list[Path]:
     """Run directories under ``root`` with this config and no summary.json, oldest change first."""
     found = [path.parent for path in root.glob(f"*/{CONFIG_FILE}")
              if path.parent.resolve() != exclude.resolve() and not (path.parent / "summary.json").exists()
-             and config_difference(path.parent, config) is None]
+             and same_config(path.parent, config)]
     return sorted(found, key=lambda path: (path / CONFIG_FILE).stat().st_mtime)
 
 
@@ -301,7 +454,7 @@ def run(plan: Plan, texts: Texts) -> None:
     target = pair.target
     say(f"target: {target_identity(target).describe()}; training drafter={plan.kind} with "
         f"loss={plan.settings.divergence} into {plan.out}")
-    directory, sequences = write_data(plan, pair, texts.openings, ranks, say)
+    directory, sequences = write_data(plan, pair, texts, ranks, say)
     draft_ids = None
     if plan.draft_vocab is not None:
         draft_ids, coverage = frequent_tokens(sequences, plan.draft_vocab)
@@ -343,18 +496,21 @@ def run(plan: Plan, texts: Texts) -> None:
     barrier(ranks)
 
 
-def write_data(plan: Plan, pair, openings: list[list[int]], ranks: Ranks, say) -> tuple[Path, data_lib.Sequences]:
+def write_data(plan: Plan, pair, texts: Texts, ranks: Ranks, say) -> tuple[Path, data_lib.Sequences]:
     """The spec's sequences: shards on disk, this rank's missing ones written first."""
     writers = {"target": pair.target, "draft": pair.draft}
     models = {"target": pair.target} if plan.data.writer != "draft" else writers
-    directory = data_lib.data_directory(plan.data_dir, plan.data, models, pair.tokenizer)
+    directory = data_lib.data_directory(plan.data_dir, plan.data, texts.corpus, models, pair.tokenizer)
+    openings = texts.openings
     bar = tqdm(desc="data shards", disable=not ranks.main, dynamic_ncols=True)
     data_lib.write_sequences(directory, plan.data, openings, pair.tokenizer, writers, ranks.rank, ranks.world,
                              progress_of(bar))
     bar.close()
     barrier(ranks)
     say(f"data: {directory} ({len(openings)} sequences)")
-    return directory, data_lib.read_sequences(directory, len(openings), plan.data.shard_size)
+    vocabulary = pair.target.get_input_embeddings().weight.shape[0]
+    return directory, data_lib.read_sequences(directory, len(openings), plan.data.shard_size, plan.data.width,
+                                              vocabulary)
 
 
 def progress_of(bar: tqdm):
@@ -388,7 +544,8 @@ def hidden_states(plan: Plan, family, target, directory: Path, sequences: data_l
                           ranks.rank, ranks.world, progress=progress_of(bar))
     bar.close()
     barrier(ranks)
-    return Hidden(data_lib.read_hidden(cache, len(sequences), plan.data.shard_size), choice.reason)
+    return Hidden(data_lib.read_hidden(cache, sequences, plan.data.shard_size, len(family.layers), hidden_size),
+                  choice.reason)
 
 
 def run_id(out: Path) -> str:

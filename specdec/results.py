@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple
 
-from specdec.stats import DecodeStats, predicted_speedup, ratio
+from specdec.stats import DecodeStats, ratio
 
 CONFIG, ROWS, SUMMARY, SET_ASIDE = "config.yaml", "rows.jsonl", "summary.json", "rows.set-aside.jsonl"
 FAILURE, LOCK = "failure.json", "run.lock"
@@ -96,6 +96,30 @@ class Condition:
         "jobs of the row's sweep running on its machine while it was decoded, itself included (the larger count, "
         "before or after its batch); 1 for a single run. Above 1, its timings were shared with other jobs. Null "
         "where the file system gave no locks to count with")
+    load_before: float | None = column(
+        "the machine's 1-minute load average just before the row's batch was decoded (all its processes, not only "
+        "the sweep's); null where the system gives none. Absent in rows written before it existed")
+    load_after: float | None = column("... just after it")
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What produced a row: the code, the library versions, the weights, the processor. Runs that differ in code or
+    weights (``CODE_AND_WEIGHTS``) are never reported as one setting. Absent in rows written before it existed."""
+
+    git_commit: str | None = column("the commit of the specdec checkout that ran, null outside a git checkout")
+    git_dirty: bool | None = column("whether that checkout had changes not committed (tracked files), null outside one")
+    specdec_version: str = column("specdec's version")
+    torch_version: str = column("torch's version, e.g. `2.13.0+cpu`")
+    transformers_version: str = column("transformers' version")
+    target_weights: str | None = column(
+        "16 hex digits of SHA-256 over the target's state dict (names, dtypes, shapes, bytes): the same digits mean "
+        "the same weights in the same dtype")
+    drafter_weights: str | None = column(
+        "the same over the weights the drafter runs apart from the target's (a draft model, EAGLE or Medusa heads); "
+        "null for a drafter without weights of its own (n-gram, early exit, none)")
+    processor: str = column("the processor that decoded: the GPU's name on CUDA, else the CPU's model name")
+    torch_threads: int = column("the CPU threads torch used (`torch.get_num_threads()`), whether set or default")
 
 
 @dataclass(frozen=True)
@@ -110,6 +134,9 @@ class PromptColumns:
     category: str | None = column(
         "the prompt's category where its set gives one (a task suite's: MT-bench's `writing`, ..., `humaneval`, "
         "`prose`), else null")
+    round: int = column(
+        "which repeat of the prompt's interleaved baseline/speculative pair (0 .. `rounds` - 1); rows written before "
+        "rounds existed hold none and count as round 0")
 
 
 @dataclass(frozen=True)
@@ -119,17 +146,18 @@ class Metrics:
 
     emitted: int = column("E: tokens the speculative run emitted")
     drafted: int = column("D: draft tokens proposed (a tree's nodes)")
-    accepted: int = column("A: draft tokens accepted")
+    accepted: int = column("A: draft tokens accepted, up to the row's EOS (a draft past it never counts, whichever "
+                           "drafter proposed it)")
     target_calls: int = column(
         "N: target calls that emitted tokens: the prefill's forward, which also verifies the first draft, and the "
         "verification passes after it")
     draft_calls: int = column("draft forward passes in decode steps (batch)")
     acceptance_rate: float = column("A / D; null when nothing was drafted")
     mean_accepted_length: float = column(
-        "tau = E / N, tokens per target call, the bonus token included (plain decoding has tau = 1): the acceptance "
-        "length (AL) of vLLM and EAGLE, Spec-Bench's mean accepted tokens. vLLM divides by the steps that drafted "
-        "(1 + A / those steps); N also counts a last step that drafted nothing and E stops at EOS, so the two "
-        "differ by a step's worth at most per prompt")
+        "tau = E / N, tokens per target call, the bonus token included (plain decoding has tau = 1): EAGLE's "
+        "acceptance length, Spec-Bench's mean accepted tokens. vLLM's acceptance length divides by the calls that "
+        "drafted instead (1 + A / sum of accepted_histogram; `vllm_acceptance_length` in summary.json): N also "
+        "counts a call that drafted nothing (a head's first call, a last call with no room) and E stops at EOS")
     per_position_acceptance: list[float | None] = column(
         "length k: a_i = P(draft token i accepted given 1..i-1 accepted), per depth for a tree; null where never "
         "reached. vLLM's per-position acceptance rate is unconditional: a_1 a_2 ... a_i")
@@ -141,8 +169,8 @@ class Metrics:
         "existed")
     accepted_histogram: list[int] = column(
         "length k + 1: h_j = verification steps that drafted and kept j drafts (the bonus token not counted), "
-        "j = 0..k (vLLM's per-request acceptance histogram); sum_j j h_j = accepted, counted as A is: a tree, "
-        "which drafts past an EOS, may keep drafts the EOS then cuts. Absent in rows written before it existed")
+        "j = 0..k (vLLM's per-request acceptance histogram); sum_j j h_j = accepted, counted as A is (up to the "
+        "row's EOS); sum_j h_j = the calls that drafted. Absent in rows written before it existed")
     expected_acceptance: float | None = column(
         "mean over verified positions of sum_x min(p_draft(x), p_target(x)), with p_draft the point mass at the "
         "draft where the drafter gives no distributions (n-gram); null when nothing was verified (batch)")
@@ -163,8 +191,10 @@ class Metrics:
         "target verify forward of k + 1 tokens timed apart at warm-up, as the device step runs them), null (none). "
         "Absent in rows written before it existed")
     predicted_speedup: float = column(
-        "Leviathan et al. (2023) eq. 1: (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)) with alpha = acceptance_rate; "
-        "null for a tree (the formula is for chains)")
+        "Leviathan et al. (2023) eq. 1: (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)) with alpha = acceptance_rate "
+        "and k the drafts per step that drafted (drafted / sum of accepted_histogram: what the steps drafted, not "
+        "the configured k, which a drafter with fewer heads or an adaptive policy does not reach); null for a tree "
+        "(the formula is for chains)")
     ttft_seconds: float = column(
         "time to the first step's tokens (the prefill's call, which may emit k + 1), speculative run (batch)")
     itl_seconds: float = column("mean time per token after the first step, speculative run (batch)")
@@ -186,6 +216,7 @@ class Metrics:
         cost_ratio_source = "steps" if math.isfinite(cost_ratio) else None
         if cost_ratio_source is None and profiled_cost_ratio is not None:
             cost_ratio, cost_ratio_source = profiled_cost_ratio, "profile"
+        drafted_k = ratio(counts.drafted, sum(counts.steps_by_accepted))  # drafts per step that drafted
         chain_prediction = not tree and math.isfinite(acceptance) and math.isfinite(cost_ratio)
         return cls(
             emitted=counts.emitted,
@@ -211,7 +242,7 @@ class Metrics:
             speedup=ratio(ratio(base.wall_seconds, base.emitted), ratio(spec.wall_seconds, spec.emitted)),
             cost_ratio=cost_ratio,
             cost_ratio_source=cost_ratio_source,
-            predicted_speedup=predicted_speedup(acceptance, k, cost_ratio) if chain_prediction else math.nan,
+            predicted_speedup=leviathan_speedup(acceptance, drafted_k, cost_ratio) if chain_prediction else math.nan,
             ttft_seconds=spec.ttft_seconds,
             itl_seconds=spec.itl_seconds,
             baseline_ttft_seconds=base.ttft_seconds,
@@ -272,19 +303,21 @@ class Row:
     identity: RunIdentity
     options: dict
     condition: Condition
+    provenance: Provenance
     prompt: PromptColumns
     metrics: Metrics
     outputs: Outputs
 
     def to_json(self) -> dict:
         """The flat object rows.jsonl holds, in column order; undefined metrics (NaN) as null."""
-        parts = (asdict(self.identity), self.options, asdict(self.condition), asdict(self.prompt),
+        parts = (asdict(self.identity), self.options, asdict(self.condition), asdict(self.provenance),
+                 asdict(self.prompt),
                  asdict(self.metrics), asdict(self.outputs))
         return json_ready({key: value for part in parts for key, value in part.items()})
 
 
 # The records whose fields are a row's columns, in row order (a row's options sit between the first two).
-SCHEMA_RECORDS = (RunIdentity, Condition, PromptColumns, Metrics, Outputs)
+SCHEMA_RECORDS = (RunIdentity, Condition, Provenance, PromptColumns, Metrics, Outputs)
 
 
 def names(record) -> tuple[str, ...]:
@@ -293,6 +326,11 @@ def names(record) -> tuple[str, ...]:
 
 IDENTITY_COLUMNS = names(RunIdentity)
 CONDITION_COLUMNS = names(Condition)
+PROVENANCE_COLUMNS = names(Provenance)
+# Provenance that makes results differ (the code that ran, the weights it ran): runs differing here are never pooled
+# or ranked as one setting. The rest (processor, threads) is where they ran, like a condition.
+CODE_AND_WEIGHTS = ("git_commit", "git_dirty", "specdec_version", "torch_version", "transformers_version",
+                    "target_weights", "drafter_weights")
 PROMPT_COLUMNS = names(PromptColumns)
 METRIC_COLUMNS = names(Metrics)
 OUTPUT_COLUMNS = names(Outputs)
@@ -301,16 +339,16 @@ LIST_COLUMNS = tuple(f.name for record in (Metrics, Outputs) for f in fields(rec
 # What makes a JSON object a row: which run, which prompt.
 ROW_KEY = ("run_id", "prompt_id")
 # Metrics summarised per run as the mean over prompts with a 95% Student t interval (summary.json, analysis/).
+# (predicted_speedup is not among them: a run has one, from its pooled counts, ``pooled_predicted_speedup``.)
 INTERVAL_METRICS = (
     "speedup", "acceptance_rate", "mean_accepted_length", "spec_tokens_per_s", "baseline_tokens_per_s",
-    "cost_ratio", "predicted_speedup",
+    "cost_ratio",
 )
 # Where a summarised metric can lie: its interval is clipped to this range (a t interval on few, spread-out prompts
 # can reach below 0 or above 1).
 METRIC_RANGES = {
     "speedup": (0.0, math.inf), "acceptance_rate": (0.0, 1.0), "mean_accepted_length": (0.0, math.inf),
     "spec_tokens_per_s": (0.0, math.inf), "baseline_tokens_per_s": (0.0, math.inf), "cost_ratio": (0.0, math.inf),
-    "predicted_speedup": (0.0, math.inf),
 }
 MIN_PROMPTS_FOR_INTERVAL = 3  # with 2, t_{0.975, 1} = 12.7: an "interval" that says nothing
 
@@ -350,8 +388,9 @@ def json_ready(value):
     return value
 
 
-# Pooled figures: each a ratio of totals over the run's prompts, as Spec-Bench and vLLM report them, so that a prompt
-# counts by its tokens and its time rather than one vote each. Timings are a batch's, repeated on each of its rows:
+# Pooled figures: each a ratio of totals over the run's prompts, as vLLM's counters report them, so that a prompt
+# counts by its tokens and its time rather than one vote each; beside them Spec-Bench's speedup, which is a ratio of
+# per-question means (its evaluation/speed.py: mean tokens/s over questions, speculative over baseline). Timings are a batch's, repeated on each of its rows:
 # a row adds seconds / batch_size, so the rows of a batch add the batch's seconds once. figure -> the per-row terms
 # it sums, and the figure from their totals (plain numbers or numpy arrays of bootstrap totals).
 POOLED_FIGURES = {
@@ -359,6 +398,9 @@ POOLED_FIGURES = {
                 lambda t: divide(t["baseline_seconds"] * t["emitted"], t["baseline_emitted"] * t["spec_seconds"])),
     "acceptance_rate": (("accepted", "drafted"), lambda t: divide(t["accepted"], t["drafted"])),
     "mean_accepted_length": (("emitted", "target_calls"), lambda t: divide(t["emitted"], t["target_calls"])),
+    "vllm_acceptance_length": (("accepted", "drafting_calls"), lambda t: 1 + divide(t["accepted"], t["drafting_calls"])),
+    "spec_bench_speedup": (("spec_tokens_per_s", "baseline_tokens_per_s"),
+                           lambda t: divide(t["spec_tokens_per_s"], t["baseline_tokens_per_s"])),
     "spec_tokens_per_s": (("emitted", "spec_seconds"), lambda t: divide(t["emitted"], t["spec_seconds"])),
     "baseline_tokens_per_s": (("baseline_emitted", "baseline_seconds"),
                               lambda t: divide(t["baseline_emitted"], t["baseline_seconds"])),
@@ -368,10 +410,14 @@ POOLED_DEFINITIONS = {
                "time over total time where both runs emit the same tokens)",
     "acceptance_rate": "total accepted / total drafted",
     "mean_accepted_length": "total emitted / total target calls (tau)",
+    "vllm_acceptance_length": "1 + total accepted / total target calls that verified drafts (vLLM's mean acceptance "
+                              "length; tau over the calls that drafted, so a head's draftless first call is left out)",
+    "spec_bench_speedup": "mean over prompts (and rounds) of speculative tokens/s / the same mean of baseline tokens/s "
+                          "(Spec-Bench's evaluation/speed.py; every prompt one vote, the short ones included)",
     "spec_tokens_per_s": "total emitted / total speculative seconds",
     "baseline_tokens_per_s": "total baseline tokens / total baseline seconds",
 }
-BOOTSTRAP_SAMPLES = 2000  # resamples of the prompts for a pooled figure's interval
+BOOTSTRAP_SAMPLES = 2000  # resamples of the prompts (and of each prompt's rounds) for a pooled figure's interval
 BOOTSTRAP_SEED = 0  # the same rows give the same interval
 # Per-prompt means of these metrics leave out prompts too short to time (``too_short``): a prompt that ended in its
 # first step measured a prefill, not decoding, and its ratio would swing the mean.
@@ -409,18 +455,26 @@ def row_terms(row: dict) -> dict[str, float]:
         value = row.get(name)
         return value / divisor if is_number(value) else math.nan
 
+    histogram = row.get("accepted_histogram")
+    drafting = sum(histogram) if isinstance(histogram, list) and all(map(is_number, histogram)) else math.nan
     return {"accepted": term("accepted"), "drafted": term("drafted"), "emitted": term("emitted"),
             "target_calls": term("target_calls"), "baseline_emitted": term("baseline_emitted"),
-            "spec_seconds": term("spec_seconds", share), "baseline_seconds": term("baseline_seconds", share)}
+            "spec_seconds": term("spec_seconds", share), "baseline_seconds": term("baseline_seconds", share),
+            "drafting_calls": drafting, "spec_tokens_per_s": term("spec_tokens_per_s"),
+            "baseline_tokens_per_s": term("baseline_tokens_per_s")}
 
 
-def bootstrap_totals(values):
-    """[BOOTSTRAP_SAMPLES, m] column totals of ``values`` [n, m] over resamples of its n rows with replacement.
+def bootstrap_totals(values, prompts=None):
+    """[BOOTSTRAP_SAMPLES, m] column totals of ``values`` [n, m] over resamples of its n rows with replacement; where
+    ``prompts`` [n] (each row's prompt, as integers) repeats a prompt (rounds, seeds), over resamples of the prompts
+    and then of each drawn prompt's rows (``clustered_bootstrap_totals``).
 
     Each resample's totals are its row counts times ``values`` (one matrix product), drawn a few resamples at a time
     so that memory stays near 32 MB however many prompts there are."""
     import numpy as np
 
+    if prompts is not None and len(set(prompts)) < len(prompts):
+        return clustered_bootstrap_totals(values, prompts)
     n = len(values)
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     chunk = max(1, 2**22 // n)  # resamples per draw: about 4M indices
@@ -432,6 +486,25 @@ def bootstrap_totals(values):
         counts = np.bincount(index.ravel(), minlength=resamples * n).reshape(resamples, n)  # [resamples, n]
         totals.append(counts.astype(float) @ values)  # [resamples, m]; a float product is BLAS's, 1.4x faster
     return np.concatenate(totals)
+
+
+def clustered_bootstrap_totals(values, prompts):
+    """[BOOTSTRAP_SAMPLES, m] column totals of ``values`` [n, m] over a two-stage resample: the prompts with
+    replacement, then, for each prompt drawn, its rows (its rounds, its seeds' runs) with replacement. Both the
+    prompt-to-prompt and the round-to-round variation reach the interval."""
+    import numpy as np
+
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    labels, cluster = np.unique(np.asarray(prompts), return_inverse=True)  # [n] each row's prompt, 0..P-1
+    num_prompts = len(labels)
+    drawn = rng.integers(0, num_prompts, (BOOTSTRAP_SAMPLES, num_prompts))  # [samples, P]
+    prompt_counts = np.stack([np.bincount(row, minlength=num_prompts) for row in drawn])  # [samples, P]
+    totals = np.zeros((BOOTSTRAP_SAMPLES, values.shape[1]))
+    for p in range(num_prompts):
+        members = np.flatnonzero(cluster == p)  # its rows
+        within = rng.multinomial(len(members), np.full(len(members), 1 / len(members)), BOOTSTRAP_SAMPLES)
+        totals += (prompt_counts[:, p : p + 1] * within) @ values[members]  # [samples, m]
+    return totals
 
 
 def interval(samples, level: float = 0.95) -> tuple[float, float]:
@@ -447,22 +520,32 @@ def interval(samples, level: float = 0.95) -> tuple[float, float]:
 
 def pooled_figure(rows: list[dict], figure: str) -> dict:
     """One pooled figure (``POOLED_FIGURES``) over the rows holding all its terms: its value, a 95% percentile
-    bootstrap interval over prompts (NaN with fewer than ``MIN_PROMPTS_FOR_INTERVAL`` prompts) and the prompts."""
-    return pooled_figure_of_terms([row_terms(row) for row in rows], figure)
+    bootstrap interval over prompts and their rounds (NaN with fewer than ``MIN_PROMPTS_FOR_INTERVAL`` rows) and
+    the rows it rests on (``prompts``: one per prompt and round)."""
+    return pooled_figure_of_terms([row_terms(row) for row in rows], figure, [prompt_of(row) for row in rows])
 
 
-def pooled_figure_of_terms(terms_of_rows: list[dict], figure: str) -> dict:
-    """``pooled_figure`` from each row's ``row_terms``, computed once for all figures."""
+def prompt_of(row: dict) -> str:
+    """Which prompt a row decoded, whatever its round or run: its hash, else its id."""
+    digest = row.get("prompt_hash")
+    return digest if isinstance(digest, str) and digest else f"id:{row.get('prompt_id')}"
+
+
+def pooled_figure_of_terms(terms_of_rows: list[dict], figure: str, prompts: list[str] | None = None) -> dict:
+    """``pooled_figure`` from each row's ``row_terms`` (and its prompt, ``prompt_of``), computed once for all
+    figures."""
     import numpy as np
 
     names, formula = POOLED_FIGURES[figure]
     terms = np.array([[row[name] for name in names] for row in terms_of_rows], dtype=float).reshape(-1, len(names))
-    terms = terms[np.isfinite(terms).all(axis=1)]  # [n, terms]
+    kept = np.isfinite(terms).all(axis=1)  # [n]
+    terms = terms[kept]  # [n, terms]
     n = len(terms)
     value = formula(dict(zip(names, terms.sum(axis=0)))) if n else math.nan
     low = high = math.nan
     if n >= MIN_PROMPTS_FOR_INTERVAL:
-        totals = bootstrap_totals(terms)  # [samples, terms]
+        clusters = None if prompts is None else [prompt for prompt, keep in zip(prompts, kept) if keep]
+        totals = bootstrap_totals(terms, clusters)  # [samples, terms]
         low, high = interval(formula(dict(zip(names, totals.T))))
     return {"value": value, "ci_low": low, "ci_high": high, "prompts": n}
 
@@ -502,10 +585,11 @@ def summed_histogram(rows: list[dict]) -> list[int]:
 def pooled(rows: list[dict]) -> dict:
     """The run's pooled figures (``POOLED_FIGURES``), each with its interval, per-position acceptance pooled with
     its counts, the summed accepted histogram, and the totals they rest on."""
-    terms_of_rows = [row_terms(row) for row in rows]
+    terms_of_rows, prompts = [row_terms(row) for row in rows], [prompt_of(row) for row in rows]
     totals = {name: math.fsum(finite_values(terms[name] for terms in terms_of_rows))
               for name in ("emitted", "baseline_emitted", "spec_seconds", "baseline_seconds")}
-    return {**{figure: pooled_figure_of_terms(terms_of_rows, figure) for figure in POOLED_FIGURES},
+    return {**{figure: pooled_figure_of_terms(terms_of_rows, figure, prompts) for figure in POOLED_FIGURES},
+            "predicted_speedup": pooled_predicted_speedup(rows),
             "per_position_acceptance": pooled_per_position(rows), "accepted_histogram": summed_histogram(rows),
             "emitted": int(totals["emitted"]), "baseline_emitted": int(totals["baseline_emitted"]),
             "spec_seconds": totals["spec_seconds"], "baseline_seconds": totals["baseline_seconds"]}
@@ -525,11 +609,99 @@ def per_prompt_means(rows: list[dict]) -> dict:
 
 def summarize_rows(rows: list[dict]) -> dict:
     """A run's summary (summary.json, the console table, W&B's run summary): per-prompt means (``metrics``), the
-    pooled figures (``pooled``), and the prompts too short to time, counted and named (``short_prompts``).
-    ``rows`` are one per prompt (``read_rows`` keeps one)."""
+    pooled figures (``pooled``), each pooled figure over each round apart (``between_rounds``: the run-to-run
+    spread an interval over one round's prompts leaves out), the greedy repeats whose counts disagree, and the
+    prompts too short to time, counted and named (``short_prompts``). ``rows`` are one per prompt and round
+    (``read_rows`` keeps one)."""
     short = [str(row.get("prompt_id")) for row in rows if too_short(row)]
-    return {"prompts": len(rows), "metrics": per_prompt_means(rows), "pooled": pooled(rows),
+    return {"prompts": len({prompt_of(row) for row in rows}), "rows": len(rows), "metrics": per_prompt_means(rows),
+            "pooled": pooled(rows), "between_rounds": replicate_spread(rows, round_of),
+            "greedy_repeats_disagree": disagreeing_repeats(rows),
             "short_prompts": {"count": len(short), "prompt_ids": short, "rule": SHORT_RULE}}
+
+
+def round_of(row: dict) -> int:
+    value = row.get("round")
+    return value if is_number(value) else 0
+
+
+def replicate_spread(rows: list[dict], replicate_of) -> dict:
+    """Each pooled figure (``POOLED_FIGURES``) over each replicate's rows apart (a round; in analysis/ also a seed's
+    run): ``replicates`` how many, and per figure its ``values`` (in replicate order), ``min``, ``max`` and ``sd``
+    (the sample standard deviation; null with one replicate). With one replicate the values are the pooled ones."""
+    groups: dict = {}
+    for row in rows:
+        groups.setdefault(replicate_of(row), []).append(row)
+    order = sorted(groups, key=str)
+    spread = {"replicates": len(order)}
+    for figure in POOLED_FIGURES:
+        values = [value_of_terms([row_terms(row) for row in groups[key]], figure) for key in order]
+        finite = finite_values(values)
+        mean = math.fsum(finite) / len(finite) if finite else math.nan
+        sd = math.sqrt(math.fsum((v - mean) ** 2 for v in finite) / (len(finite) - 1)) if len(finite) > 1 else math.nan
+        spread[figure] = {"values": values, "min": min(finite, default=math.nan),
+                          "max": max(finite, default=math.nan), "sd": sd}
+    return spread
+
+
+def value_of_terms(terms_of_rows: list[dict], figure: str) -> float:
+    """A pooled figure's value alone (no interval) from each row's ``row_terms``."""
+    names, formula = POOLED_FIGURES[figure]
+    sums = {name: math.fsum(v for v in (terms[name] for terms in terms_of_rows
+                                        if all(math.isfinite(terms[n]) for n in names))) for name in names}
+    usable = any(all(math.isfinite(terms[n]) for n in names) for terms in terms_of_rows)
+    return formula(sums) if usable else math.nan
+
+
+# The counts that, at temperature 0, only other code or other weights can change.
+REPEATED_COUNTS = ("emitted", "drafted", "accepted", "target_calls")
+
+
+def disagreeing_repeats(rows: list[dict]) -> list[str]:
+    """The prompts whose greedy (temperature 0) repeats (rounds; in analysis/ also seeds' runs) disagree in their
+    counts (``REPEATED_COUNTS``): a greedy decode is deterministic, so only different code or weights, or a
+    nondeterministic kernel, can cause it. Their ids, in row order."""
+    seen: dict[str, tuple] = {}
+    named: dict[str, str] = {}
+    disagreeing: dict[str, None] = {}
+    for row in rows:
+        if row.get("temperature") != 0:
+            continue
+        key, counts = prompt_of(row), tuple(row.get(name) for name in REPEATED_COUNTS)
+        named.setdefault(key, str(row.get("prompt_id")))
+        if seen.setdefault(key, counts) != counts:
+            disagreeing[named[key]] = None
+    return list(disagreeing)
+
+
+def leviathan_speedup(alpha: float, k: float, cost_ratio: float) -> float:
+    """Leviathan et al. (2023) eq. 1 for a mean draft length k (any real k >= 0):
+    (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), and (k + 1) / (k c + 1) at alpha = 1; NaN where an input is
+    undefined or out of range (a hand-edited row)."""
+    if not all(map(is_number, (alpha, k, cost_ratio))) or not 0 <= alpha <= 1 or k < 0 or cost_ratio < 0:
+        return math.nan
+    tokens = k + 1 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return tokens / (k * cost_ratio + 1)
+
+
+def pooled_predicted_speedup(rows: list[dict]) -> dict:
+    """The run's one predicted speedup (``leviathan_speedup``): alpha the pooled acceptance rate, k the drafts per
+    step that drafted (total drafted / total steps that drafted: what the steps drafted, not the configured k), c
+    the mean cost ratio over the prompts timed. NaN where no row has a prediction of its own (a tree's rows have
+    none: the formula is for chains). No interval: a model's figure, not a measurement's."""
+    terms = [row_terms(row) for row in rows]
+    for row, t in zip(rows, terms):  # a row written before the histogram: its steps drafted the configured k
+        if not math.isfinite(t["drafting_calls"]) and is_number(row.get("k")) and row["k"] > 0:
+            t["drafting_calls"] = t["drafted"] / row["k"]
+    counted = [t for t in terms if math.isfinite(t["drafted"]) and math.isfinite(t["drafting_calls"])]
+    drafted, steps = math.fsum(t["drafted"] for t in counted), math.fsum(t["drafting_calls"] for t in counted)
+    costs = finite_values(row.get("cost_ratio") for row in rows if not too_short(row))
+    value = math.nan
+    if any(is_number(row.get("predicted_speedup")) for row in rows) and steps and costs:
+        value = leviathan_speedup(value_of_terms(terms, "acceptance_rate"), drafted / steps,
+                                  math.fsum(costs) / len(costs))
+    return {"value": value, "ci_low": math.nan, "ci_high": math.nan, "prompts": len(rows),
+            "drafted_k": drafted / steps if steps else math.nan}
 
 
 def confidence_interval(values, level: float = 0.95, metric: str | None = None) -> tuple[float, float, float]:
@@ -715,11 +887,12 @@ def is_row(value: object) -> bool:
             and isinstance(prompt_id, (str, int)) and str(prompt_id) != "")
 
 
-def prompt_key(row: dict) -> tuple[str, str]:
-    """Which prompt a row decoded: its ``prompt_hash``, or its ``prompt_id`` for a row written before rows carried
-    one."""
+def prompt_key(row: dict) -> tuple[str, str, int]:
+    """Which prompt and round a row decoded: its ``prompt_hash`` (its ``prompt_id`` for a row written before rows
+    carried one) and its ``round`` (0 for a row written before rounds existed)."""
     digest = row.get("prompt_hash")
-    return ("hash", digest) if isinstance(digest, str) and digest else ("id", str(row["prompt_id"]))
+    prompt = ("hash", digest) if isinstance(digest, str) and digest else ("id", str(row["prompt_id"]))
+    return (*prompt, round_of(row))
 
 
 def dump(row: object) -> bytes:

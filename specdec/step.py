@@ -10,8 +10,9 @@ call each:
 2. verify: one target forward over the queue and the proposal (``CachedContext.feed``), with the hidden states the
    drafter reads (``Drafter.target_states``)
 3. judge: the verifier chosen once per ``Decoder`` (``specdec.verify``)
-4. log: what the step decided, per row, on the device (``specdec.stats.StepLog``)
-5. emit: write each row's new tokens, cut at EOS and its budget; the rows advance in place
+4. emit: write each row's new tokens, cut at EOS and its budget; the rows advance in place
+5. log: what the step decided, per row, on the device (``specdec.stats.StepLog``): the drafts it kept up to its
+   EOS (a draft past an EOS, which a drafter that drafts all k at once proposes, is never counted as accepted)
 6. sync: the driver's: the host driver reads the step once (``HostSync``); the device driver prepares its flags
 7. roll back: the target's context keeps the emitted path (``CachedContext.commit``, its one rollback)
 8. notify: the drafter rolls back its own cache (``Drafter.commit``) and the policy learns (``observe``), both from
@@ -132,9 +133,10 @@ class DecodeRun:
         judgement = decoder.verifier(proposal, verified.logits, self.generator)  # 3
         verdict, active = judgement.verdict, self.rows.active.clone()  # [B'] rows generating during the step
         kept_or_idle = torch.where(active, verdict.num_accepted, -1)  # [B'] -1: the row fed holes
-        self.log.add(self.rows.original, kept_or_idle, proposal, judgement)  # 4
         self.last_layout, self.last_overlap_is_acceptance = layout, judgement.overlap_is_acceptance
-        new_tokens, num_new = self.emit(proposal, judgement)  # 5
+        new_tokens, num_new = self.emit(proposal, judgement)  # 4
+        kept_to_eos = torch.where(active, torch.minimum(verdict.num_accepted, num_new), -1)  # [B'] cut at EOS
+        self.log.add(self.rows.original, kept_to_eos, proposal, judgement)  # 5
         host = self.sync(proposal, judgement, num_new, kept_or_idle)  # 6
         outcome = StepOutcome(
             k=layout.depth,

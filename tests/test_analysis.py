@@ -25,7 +25,7 @@ from analysis import (
     summarize_runs,
     to_markdown,
 )
-from analysis.report import main, pivot_axes
+from analysis.report import main, pivot_axes, write_report
 from analysis.summarize import varying_axes
 from experiments.loggers import table_cell
 from specdec.results import METRIC_COLUMNS
@@ -186,8 +186,8 @@ def test_summarize_runs(sweep):
     assert typical4["acceptance_rate_ci_high"] == pytest.approx(  # 1.11 by the t formula: clipped to the range
         min(1.0, 2.2 / 3 + 4.302652729749462 * math.sqrt(0.07 / 3) / math.sqrt(3)))
     assert typical4["spec_tokens_per_s_mean"] == pytest.approx(50 * 1.9)
-    assert typical4["per_position_acceptance"][:3] == pytest.approx([2.2 / 3] * 3)
-    assert math.isnan(typical4["per_position_acceptance"][3])
+    assert typical4["per_position_acceptance_mean"][:3] == pytest.approx([2.2 / 3] * 3)
+    assert math.isnan(typical4["per_position_acceptance_mean"][3])
     assert typical4["predicted_speedup"] == pytest.approx(float(predicted_speedup(2.2 / 3, 4, 0.1)))
 
 
@@ -385,7 +385,7 @@ def test_a_report_on_rows_where_no_metric_was_measured_states_the_gap(tmp_path):
     assert main([str(run)]) == 0
     report = (run / "report.md").read_text()
     assert ("**No values:** speedup, acceptance_rate, mean_accepted_length, spec_tokens_per_s, baseline_tokens_per_s, "
-            "cost_ratio, predicted_speedup are null in every row") in report
+            "cost_ratio are null in every row") in report
     assert "**Fastest:** no run has a measured speedup." in report
     assert (run / "speedup.png").read_bytes()[:8] == PNG_SIGNATURE
 
@@ -531,3 +531,17 @@ def test_rows_measured_beside_other_jobs_or_on_several_machines_are_no_setting_a
     assert "- 3 rows could not count the jobs beside them" in report
     assert "- Runs ran on 2 machines (node1, node2)" in report
     assert "| partial | concurrent jobs | hosts |" in report
+
+
+def test_summary_csv_columns_are_documented(sweep, tmp_path):
+    """docs/experiments.md holds summary_csv_table() verbatim, and every column of a report's summary.csv is a
+    setting or one the table names."""
+    from analysis.summarize import config_columns, documented, summary_csv_table
+
+    text = (REPO / "docs" / "experiments.md").read_text()
+    generated = text.split("<!-- generated: analysis.summarize.summary_csv_table() -->\n")[1].split("<!-- end")[0]
+    assert generated == summary_csv_table()
+    write_report([str(sweep)], str(tmp_path))
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    settings = set(config_columns(summary))
+    assert [column for column in summary.columns if column not in settings and not documented(column)] == []

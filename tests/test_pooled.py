@@ -137,3 +137,23 @@ def test_bootstrap_totals_resample_the_rows_with_replacement(n):
     assert totals[:, 0].std() == pytest.approx(spread, rel=0.1)
     assert np.allclose(totals[:, 1], 2.0 * n)
     assert np.array_equal(bootstrap_totals(values), totals)  # seeded
+
+
+def test_the_bootstrap_over_prompts_and_rounds_carries_the_round_to_round_spread():
+    """Rounds that disagree within prompts whose sums agree: resampling prompts alone sees no spread; the two-stage
+    bootstrap (prompts, then each drawn prompt's rounds) has Var(total) = (2 - 1/P) R sum_p sigma_p^2, sigma_p^2
+    the population variance of prompt p's rounds; rounds that agree give the plain bootstrap over prompts."""
+    import numpy as np
+
+    prompts, rounds = 6, 3
+    values = np.array([[p + 1.0 + d] for p in range(prompts) for d in (-0.5 * (p % 2 + 1), 0.0, 0.5 * (p % 2 + 1))])
+    labels = [p for p in range(prompts) for _ in range(rounds)]
+    sums = values.reshape(prompts, rounds).sum(1)
+    shifted = values + (sums.max() - np.repeat(sums, rounds))[:, None] / rounds  # every prompt's sum equal
+    totals = bootstrap_totals(shifted, labels)[:, 0]
+    sigma2 = shifted.reshape(prompts, rounds).var(axis=1, ddof=0)
+    assert totals.mean() == pytest.approx(shifted.sum(), rel=0.01)
+    assert totals.std() == pytest.approx(math.sqrt((2 - 1 / prompts) * rounds * sigma2.sum()), rel=0.1)
+    agreeing = np.repeat(sums[:, None] / rounds, rounds, axis=0)  # [P*R, 1] rounds equal within each prompt
+    expected = math.sqrt(prompts) * sums.std(ddof=0)  # the plain bootstrap of P prompt sums
+    assert bootstrap_totals(agreeing, labels)[:, 0].std() == pytest.approx(expected, rel=0.1)

@@ -97,3 +97,18 @@ def test_bad_jsonl_line_is_located(tmp_path):
     path.write_text('{"text": "ok"}\n{"prompt": "no text field"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2"):
         load_prompts(str(path))
+
+
+def test_per_category_takes_the_first_n_prompts_of_every_category():
+    from specdec.prompts import load_suite
+
+    everything = load_suite("task_suite", ["mt_bench", "humaneval", "embedded_heldout"], {"embedded_heldout": "prose"})
+    chosen = load_suite("task_suite", ["mt_bench", "humaneval", "embedded_heldout"], {"embedded_heldout": "prose"},
+                        per_category=2)
+    categories = list(dict.fromkeys(p.category for p in everything))
+    assert len(categories) == 10  # MT-bench's eight, humaneval, prose
+    expected = [p for c in categories for p in [q for q in everything if q.category == c][:2]]
+    assert sorted(p.id for p in chosen) == sorted(p.id for p in expected)
+    assert [p.id for p in chosen] == [p.id for p in everything if p in chosen]  # suite order kept
+    with pytest.raises(ValueError, match="per_category must be an integer >= 1"):
+        load_suite("s", ["mt_bench"], per_category=0)

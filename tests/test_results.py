@@ -23,11 +23,13 @@ from specdec.results import (
     OTHER_RUN,
     OUTPUT_COLUMNS,
     PROMPT_COLUMNS,
+    PROVENANCE_COLUMNS,
     UNREADABLE,
     Condition,
     Metrics,
     Outputs,
     PromptColumns,
+    Provenance,
     Row,
     RunIdentity,
     confidence_interval,
@@ -41,6 +43,7 @@ from specdec.results import (
     read_summary,
     schema_tables,
     type_problem,
+    leviathan_speedup,
 )
 from specdec.stats import DecodeStats, RowStats
 
@@ -58,8 +61,9 @@ def test_the_documented_tables_are_generated_from_the_record():
 
 
 def test_the_column_lists_are_the_records_fields_and_do_not_overlap():
-    groups = (IDENTITY_COLUMNS, CONDITION_COLUMNS, PROMPT_COLUMNS, METRIC_COLUMNS, OUTPUT_COLUMNS)
-    records = (RunIdentity, Condition, PromptColumns, Metrics, Outputs)
+    groups = (IDENTITY_COLUMNS, CONDITION_COLUMNS, PROVENANCE_COLUMNS, PROMPT_COLUMNS, METRIC_COLUMNS,
+              OUTPUT_COLUMNS)
+    records = (RunIdentity, Condition, Provenance, PromptColumns, Metrics, Outputs)
     assert [list(g) for g in groups] == [[f.name for f in fields(r)] for r in records]
     every = [name for group in groups for name in group]
     assert len(every) == len(set(every))
@@ -84,7 +88,7 @@ def stats(rows: list[RowStats], wall: float, forwards: tuple[int, int] = (6, 4))
 
 
 def test_metrics_are_built_from_decode_stats_by_its_definitions():
-    spec = stats([RowStats(9, 8, 6, 3, [3, 3], [3, 2]), RowStats(4, 0, 0, 4, [0, 0], [0, 0])], wall=2.0)
+    spec = stats([RowStats(9, 8, 6, 3, [3, 3], [3, 2], [0, 2, 2]), RowStats(4, 0, 0, 4, [0, 0], [0, 0])], wall=2.0)
     base = stats([RowStats(9, 0, 0, 9, [], []), RowStats(4, 0, 0, 4, [], [])], wall=6.5, forwards=(0, 12))
     first = Metrics.measure(spec, base, row=0, k=2, tree=False)
     assert (first.emitted, first.drafted, first.accepted, first.target_calls) == (9, 8, 6, 3)
@@ -103,7 +107,7 @@ def test_metrics_are_built_from_decode_stats_by_its_definitions():
 def test_steps_not_timed_by_phase_take_the_profiled_cost_ratio_and_say_so():
     """The device step times no phase (NaN seconds): its rows take the run's profiled ratio, marked 'profile', and
     get Leviathan's prediction from it; timed steps keep their own ratio whatever the profile says."""
-    spec = stats([RowStats(9, 8, 6, 3, [3, 3], [3, 2])], wall=2.0)
+    spec = stats([RowStats(9, 8, 6, 3, [3, 3], [3, 2], [0, 2, 2])], wall=2.0)
     untimed = replace(spec, draft_step_seconds=math.nan, target_step_seconds=math.nan)
     base = stats([RowStats(9, 0, 0, 9, [], [])], wall=6.5, forwards=(0, 12))
     timed = Metrics.measure(spec, base, row=0, k=2, tree=False, profiled_cost_ratio=0.3)
@@ -120,16 +124,19 @@ def a_row(prompt_id: str = "p0", speedup: float = 1.5, **options) -> Row:
     identity = RunIdentity("run-1", "g", "embedded", "specdec", None, "model", "speculative", True, "fixed", 2,
                            "greedy", 0.0, None, None, None, 8, 0, 1, "embedded_heldout", "cpu", "float32", False,
                            "auto", True, None, 1)
-    spec = stats([RowStats(9, 8, 6, 3, [3, 3], [3, 2])], wall=1.0)
+    spec = stats([RowStats(9, 8, 6, 3, [3, 3], [3, 2], [0, 2, 2])], wall=1.0)
     metrics = Metrics.measure(spec, spec, 0, 2, False)
-    return Row(identity, options, Condition("host-a", 1), PromptColumns(prompt_id, "0123456789ab", 5, None),
+    provenance = Provenance("abc123", False, "0.1", "2.13.0+cpu", "5.23.0", "0" * 16, "1" * 16, "cpu", 2)
+    return Row(identity, options, Condition("host-a", 1, 0.5, 0.7), provenance,
+               PromptColumns(prompt_id, "0123456789ab", 5, None, 0),
                Metrics(**{**{f.name: getattr(metrics, f.name) for f in fields(Metrics)}, "speedup": speedup}),
                Outputs.of([1, 2], [1, 2], greedy=True))
 
 
 def test_a_row_is_flat_in_column_order_with_undefined_metrics_as_null():
     row = a_row(speedup=math.nan, strategy_lenience=1.0).to_json()
-    assert list(row) == [*IDENTITY_COLUMNS, "strategy_lenience", *CONDITION_COLUMNS, *PROMPT_COLUMNS,
+    assert list(row) == [*IDENTITY_COLUMNS, "strategy_lenience", *CONDITION_COLUMNS, *PROVENANCE_COLUMNS,
+                         *PROMPT_COLUMNS,
                          *METRIC_COLUMNS, *OUTPUT_COLUMNS]
     assert row["speedup"] is None and row["prompt_hash"] == "0123456789ab"
     assert json.loads(json.dumps(row, allow_nan=False)) == row
@@ -269,3 +276,14 @@ def test_confidence_interval_skips_what_is_not_a_finite_number():
 def test_markdown_table_escapes_pipes_and_ends_without_a_newline():
     assert markdown_table(["a", "b|c"], [[1, "x|y"], [2.5, True]]) == (
         "| a | b\\|c |\n| --- | --- |\n| 1 | x\\|y |\n| 2.5 | True |")
+
+
+def test_the_predicted_speedup_takes_the_k_the_steps_drafted_not_the_configured_one():
+    """Four Medusa heads under draft_length.k=8 draft 4 a step: two steps of 4 drafts predict at k = 4."""
+    spec = stats([RowStats(9, 8, 6, 3, [2, 2, 1, 1, 0, 0, 0, 0], [2, 2, 1, 1, 0, 0, 0, 0],
+                           [0, 0, 1, 0, 1, 0, 0, 0, 0])], wall=2.0)
+    metrics = Metrics.measure(spec, spec, row=0, k=8, tree=False)
+    alpha = 6 / 8
+    assert metrics.predicted_speedup == pytest.approx(sum(alpha**i for i in range(5)) / (4 * 0.1 + 1))
+    assert leviathan_speedup(1.0, 2.5, 0.0) == 3.5 and math.isnan(leviathan_speedup(math.nan, 4, 0.1))
+    assert leviathan_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)  # an integer k: eq. 1 as it stands

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -243,3 +244,15 @@ def test_runs_whose_rows_agree_but_whose_configs_differ_are_refused_naming_the_k
     write_run(tmp_path / "repeats" / "0", [make_row("a", "p0")], config=config)
     write_run(tmp_path / "repeats" / "1", [make_row("b", "p0")], config=config | {"group": "b"})
     assert load_runs(tmp_path / "repeats")["run_id"].nunique() == 2
+
+
+def test_a_policy_sweep_keeps_the_policy_beside_k_and_x_takes_the_swept_key_as_typed():
+    """Policies that each hold their own k come one-to-one with k; the labels still name the policy. ``--x`` takes
+    the key as swept on the command line (draft_length.k, strategy.lenience) as well as its column."""
+    summary = pd.DataFrame({"strategy": ["speculative"] * 3, "draft_length": ["fixed", "confidence", "cost_optimal"],
+                            "k": [4, 8, 6], "strategy_lenience": [1.0, 0.5, 0.8]})
+    assert plot_axes(summary) == ("k", ["draft_length"])
+    assert plot_axes(summary, x="draft_length.k") == plot_axes(summary, x="k")
+    assert plot_axes(summary, x="strategy.lenience")[0] == "strategy_lenience"
+    with pytest.raises(ResultsError, match="--x draft_length.nope: no such setting"):
+        plot_axes(summary, x="draft_length.nope")

@@ -25,12 +25,13 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import specdec
-from experiments import drafter_data as data_lib
+from specdec.train import corpus as corpus_lib
+from specdec.train import data as data_lib
 from experiments import train_drafter as app
 from experiments.config_checks import ConfigError
-from experiments.drafter_training import Family, batch_rows, evaluate, heldout_batches, hidden_layers
+from specdec.train.loop import Family, batch_rows, evaluate, heldout_batches, hidden_layers
 from specdec.checkpoints import load_weights, read_drafter_config
-from specdec.distill import DIVERGENCES, TrainingBatch, eagle_loss, eagle_passes
+from specdec.train.losses import DIVERGENCES, TrainingBatch, eagle_loss, eagle_passes
 from specdec.eagle import EagleDrafter
 from specdec.heads import EagleHead, MedusaHeads
 from specdec.models import load_pair
@@ -114,8 +115,8 @@ def eval_lines(run_dir: Path) -> list[dict]:
 
 def heldout_of(pair: dict, target: torch.nn.Module, tokenizer) -> data_lib.Sequences:
     """The held-out set the app measured on (written once under data_dir)."""
-    corpus = data_lib.read_corpus(pair["corpus"], 0.1)
-    prompts = data_lib.heldout_prompts(corpus, tokenizer, 0, HELDOUT)
+    corpus = corpus_lib.read_corpus(pair["corpus"], 0.1)
+    prompts = corpus_lib.heldout_prompts(corpus, tokenizer, 0, HELDOUT)
     written = list((Path(pair["data_dir"]) / "heldout").iterdir())
     sequences = data_lib.heldout_set(Path(pair["data_dir"]) / "heldout", prompts, tokenizer, target, 16)
     assert list((Path(pair["data_dir"]) / "heldout").iterdir()) == written  # read, not written again
@@ -363,15 +364,15 @@ def test_shards_are_written_once_and_a_lost_one_alone_is_rewritten(tiny_pair, tm
     target = load_pair(None, draft=tiny_pair["draft"], target=tiny_pair["target"], device="cpu").target
     spec = data_lib.TargetContinuations(corpus=tiny_pair["corpus"], num_prompts=20, new_tokens=6, shard_size=8,
                                         heldout_fraction=0.2, temperature=1.0)
-    corpus = data_lib.read_corpus(spec.corpus, spec.heldout_fraction)
-    directory = data_lib.data_directory(tmp_path, spec, {"target": target}, tokenizer)
+    corpus = corpus_lib.read_corpus(spec.corpus, spec.heldout_fraction)
+    directory = data_lib.data_directory(tmp_path, spec, corpus, {"target": target}, tokenizer)
     written = []
 
     def write(spec: data_lib.TargetContinuations) -> data_lib.Sequences:
         written.clear()
         data_lib.write_sequences(directory, spec, spec.openings(corpus, tokenizer), tokenizer, {"target": target},
                                  progress=lambda done, total: written.append(done))
-        return data_lib.read_sequences(directory, spec.num_prompts, spec.shard_size)
+        return data_lib.read_sequences(directory, spec.num_prompts, spec.shard_size, spec.width, len(tokenizer))
 
     first = write(spec)
     assert len(written) == 3 and len(first) == 20 and first.counts.sum(1).tolist() == [6] * 20
@@ -383,23 +384,23 @@ def test_shards_are_written_once_and_a_lost_one_alone_is_rewritten(tiny_pair, tm
     assert torch.equal(again.tokens, first.tokens) and torch.equal(again.counts, first.counts)
     # A larger run of the same spec shares the full shards and writes the rest; the smaller run's data stays.
     larger = data_lib.TargetContinuations(**{**spec.__dict__, "num_prompts": 30})
-    assert data_lib.data_directory(tmp_path, larger, {"target": target}, tokenizer) == directory
+    assert data_lib.data_directory(tmp_path, larger, corpus, {"target": target}, tokenizer) == directory
     bigger = write(larger)
     assert written == [1, 2] and torch.equal(bigger.tokens[:16], first.tokens[:16])
     assert torch.equal(write(spec).tokens, first.tokens) and written == []
     other = data_lib.TargetContinuations(**{**spec.__dict__, "seed": 1})
-    assert data_lib.data_directory(tmp_path, other, {"target": target}, tokenizer) != directory
+    assert data_lib.data_directory(tmp_path, other, corpus, {"target": target}, tokenizer) != directory
 
 
 def test_held_out_prompts_come_from_held_out_documents_only(tiny_pair):
     tokenizer = word_tokenizer()
-    corpus = data_lib.read_corpus(tiny_pair["corpus"], 0.2)
-    prompts = data_lib.heldout_prompts(corpus, tokenizer, 0, HELDOUT)
+    corpus = corpus_lib.read_corpus(tiny_pair["corpus"], 0.2)
+    prompts = corpus_lib.heldout_prompts(corpus, tokenizer, 0, HELDOUT)
     assert all(any(document.startswith(prompt) for document in corpus.heldout) for prompt in prompts)
     assert not any(prompt in document for prompt in prompts for document in corpus.train)
-    leaky = data_lib.Corpus(corpus.train + [corpus.heldout[0]], corpus.heldout)
+    leaky = corpus_lib.Corpus(corpus.train + [corpus.heldout[0]], corpus.heldout)
     with pytest.raises(ValueError, match="occurs in a training document"):
-        data_lib.heldout_prompts(leaky, tokenizer, 0, HELDOUT)
+        corpus_lib.heldout_prompts(leaky, tokenizer, 0, HELDOUT)
 
 
 def test_hidden_states_are_cached_only_when_read_more_than_once_and_small_enough():

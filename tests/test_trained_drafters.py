@@ -12,7 +12,7 @@ import torch
 import specdec
 from conftest import SMALL_VOCAB, hf_greedy, left_pad, random_prompts, tiny_gpt2
 from specdec.checkpoints import save_drafter
-from specdec.distill import TrainingBatch, draft_matches, eagle_loss, eagle_passes, simulated_acceptance
+from specdec.train.losses import TrainingBatch, draft_matches, eagle_loss, eagle_passes, simulated_acceptance
 from specdec.eagle import EagleDrafter
 from specdec.heads import EagleHead, MedusaHeads
 from specdec.medusa import MedusaDrafter

@@ -150,9 +150,13 @@ def test_the_run_summary_holds_the_run_s_pooled_figures_under_their_plain_names(
         rows = rows_of(sweep_dir / job)
         [run] = [run for run in runs if run.run_id == rows[0]["run_id"]]
         pooled = json.loads((sweep_dir / job / "summary.json").read_text())["pooled"]
-        for name in ("speedup", "acceptance_rate", "mean_accepted_length", "spec_tokens_per_s"):
+        for name in ("speedup", "acceptance_rate", "mean_accepted_length", "spec_tokens_per_s",
+                     "vllm_acceptance_length", "spec_bench_speedup"):
             assert run.summary[name] == pooled[name]["value"]
             assert run.summary[f"{name}/ci_low"] == pooled[name]["ci_low"]
+        assert run.summary["predicted_speedup"] == pooled["predicted_speedup"]["value"]
+        drafting_calls = sum(sum(row["accepted_histogram"]) for row in rows)
+        assert run.summary["vllm_acceptance_length"] == 1 + sum(row["accepted"] for row in rows) / drafting_calls
         assert run.summary["prompt/speedup"] == rows[-1]["speedup"] != run.summary["speedup"]
         positions = pooled["per_position_acceptance"]
         assert [run.summary[f"per_position_acceptance/{i}"] for i in range(1, len(positions) + 1)] == [

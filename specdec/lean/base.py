@@ -47,14 +47,21 @@ class LeanForward:
     def device(self) -> torch.device:
         return self.embedding.device
 
+    def compute_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype the blocks compute keys and values in on ``device``: autocast's where it is on there (fp32
+        weights trained in mixed precision write bf16 or fp16 keys), else the weights'."""
+        return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else self.dtype
+
     def new_buffers(
         self, batch_size: int, capacity: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Zeroed key and value buffers, one [B, num_kv_heads, capacity, head_dim] tensor per layer each."""
+        """Zeroed key and value buffers, one [B, num_kv_heads, capacity, head_dim] tensor per layer each, in
+        ``dtype`` (default ``compute_dtype``)."""
         if batch_size < 1 or capacity < 1:
             raise ValueError(f"buffers need batch_size >= 1 and capacity >= 1, got {batch_size} and {capacity}")
         shape = (batch_size, self.num_kv_heads, capacity, self.head_dim)
-        options = dict(device=device or self.device, dtype=dtype or self.dtype)
+        device = torch.device(device or self.device)
+        options = dict(device=device, dtype=dtype or self.compute_dtype(device))
         keys = [torch.zeros(shape, **options) for _ in range(self.num_layers)]
         values = [torch.zeros(shape, **options) for _ in range(self.num_layers)]
         return keys, values

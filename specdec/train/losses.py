@@ -90,7 +90,7 @@ def eagle_passes(head: EagleHead, target: nn.Module, batch: TrainingBatch, passe
     forward = head.lean(target)
     batch_size, length = batch.tokens.shape
     device = batch.tokens.device
-    keys, values = forward.new_buffers(batch_size, passes * length, device, forward.family.dtype)
+    keys, values = forward.new_buffers(batch_size, passes * length, device)
     key_buffer, value_buffer = keys[0], values[0]
     positions = torch.arange(length, device=device).expand(batch_size, -1)  # [B, T]
     next_tokens = torch.cat([batch.tokens[:, 1:], batch.tokens[:, -1:]], 1)  # [B, T] the token after each position
@@ -222,33 +222,61 @@ def simulated_acceptance(matches: torch.Tensor, counted: torch.Tensor) -> tuple[
     return rates, tau
 
 
+@dataclass(frozen=True)
+class WalkedStep:
+    """One step of the loop over a trace: it starts after ``start`` emitted tokens, drafts ``drafted`` and keeps the
+    leading ``kept`` of them, emitting ``kept + 1``."""
+
+    start: int
+    drafted: int
+    kept: int
+
+
+def walk_trace(length: int, depth: int, accepts: Callable[[int, int], bool], budget: int | None = None,
+               first_alone: bool = False) -> list[WalkedStep]:
+    """The steps the loop takes over a fixed trace of ``length`` tokens at temperature 0: the one acceptance walker
+    (simulated tau in training, the tree search's replay, the pair's greedy acceptance).
+
+    A step after ``e`` emitted tokens drafts min(``depth``, ``budget`` - e - 1) tokens (``budget``: the call's
+    token budget, default the trace's length) and keeps draft i while ``accepts(e, i)`` holds for it and every
+    draft before it, and the trace has a token after it; it emits kept + 1. ``first_alone``: the prefill emits the
+    first token alone (a head has no feature before it), a step that drafts nothing."""
+    budget = length if budget is None else budget
+    steps, done = [], 0
+    while done < length:
+        drafted = 0 if first_alone and done == 0 else max(min(depth, budget - done - 1), 0)
+        kept = 0
+        while kept < min(drafted, length - done - 1) and accepts(done, kept):
+            kept += 1
+        steps.append(WalkedStep(done, drafted, kept))
+        done += kept + 1
+    return steps
+
+
 def walked_acceptance(matches: torch.Tensor, counts: torch.Tensor, drafts_first: bool) -> tuple[list[float], float]:
     """The loop's tau at temperature 0, walked step by step over the target's greedy continuations, where
     ``simulated_acceptance`` averages over every prefix alike.
 
     ``matches`` [B, T, k] from ``draft_matches``, ``counts`` [B, T] the continuation's positions. The loop emits the
-    continuation: a step from the prefix at t keeps the leading n matching drafts and emits n + 1 tokens (no more
-    than are left), so the next step starts at t + n + 1, after a rejection (where drafting is harder than on
-    average). The target's prefill is a call of its own: it verifies a first draft where ``drafts_first`` (a draft
-    model), and otherwise emits the first token alone (a head has no feature before it). Returns the per-position
-    acceptance the loop would count and tau = emitted / target calls."""
+    continuation (``walk_trace``): a step from the prefix at t keeps the leading n matching drafts and emits n + 1
+    tokens (no more than are left), so the next step starts at t + n + 1, after a rejection (where drafting is
+    harder than on average). The target's prefill is a call of its own: it verifies a first draft where
+    ``drafts_first`` (a draft model), and otherwise emits the first token alone (a head has no feature before it).
+    Returns the per-position acceptance the loop would count and tau = emitted / target calls."""
     k = matches.shape[-1]
     attempts, accepts = [0] * k, [0] * k
     emitted = calls = 0
     for row, row_counts in zip(matches.tolist(), counts.tolist()):
         total = sum(row_counts)
-        t = row_counts.index(True) if total else 0
-        done = 0 if drafts_first else 1
-        calls += 0 if drafts_first else 1
-        while done < total:
-            drafted = min(k, total - done - 1)
-            kept = 0
-            while kept < drafted and row[t][kept]:
-                kept += 1
-            for i in range(min(kept + 1, drafted)):
+        start = row_counts.index(True) if total else 0
+        if not drafts_first:  # a head's matches[t] drafts after token t + 1 (a model's after token t)
+            start -= 1
+        steps = walk_trace(total, k, lambda done, i: row[start + done][i], first_alone=not drafts_first)
+        for step in steps:
+            for i in range(min(step.kept + 1, step.drafted)):
                 attempts[i] += 1
-                accepts[i] += i < kept
-            done, t, calls = done + kept + 1, t + kept + 1, calls + 1
+                accepts[i] += i < step.kept
+        calls += len(steps)
         emitted += total
     rates = [hit / seen if seen else float("nan") for hit, seen in zip(accepts, attempts)]
     return rates, emitted / calls if calls else float("nan")
