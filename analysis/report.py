@@ -190,7 +190,7 @@ def header(paths: list[str], frame: pd.DataFrame, summary: pd.DataFrame, jobs: l
         "",
         f"- pair: {', '.join(map(str, summary['pair'].unique()))}; "
         f"sampling: {'; '.join(map(str, summary['sampling'].unique()))}",
-        f"- {len(summary)} runs, {len(frame)} (run, prompt) rows, "
+        f"- {len(runs)} runs, {len(frame)} (run, prompt) rows, "
         f"{frame['prompt_id'].nunique()} distinct prompts; from {', '.join(f'`{p}`' for p in paths)}",
     ]
     failed = {str(job.job_dir) for job in jobs if job.state == "failed"}
@@ -242,8 +242,9 @@ def replicate_lines(frame: pd.DataFrame, summary: pd.DataFrame, runs: int) -> li
     greedy repeats whose counts disagree."""
     lines = []
     if runs > len(summary):
-        lines.append(f"- {runs} runs pooled into {len(summary)} settings: runs that differ only in seed are "
-                     "replicates of one setting, pooled (column `seed` lists them), never ranked apart.")
+        lines.append(f"- {runs} runs pooled into {len(summary)} settings: runs that differ only in seed (or not at "
+                     "all: repeats) are replicates of one setting, pooled (column `seed` lists the seeds), never "
+                     "ranked apart.")
     if "replicates" in summary and (summary["replicates"] > 1).any():
         lines.append("- Replicates (rounds, and seeds' runs where pooled): the column `speedup between replicates` "
                      "gives the range and standard deviation of each replicate's pooled speedup; intervals resample "

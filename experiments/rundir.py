@@ -30,6 +30,7 @@ from specdec.results import (
     CONFIG,
     DAMAGED_SUFFIX,
     FAILURE,
+    FREE_KEYS,
     INCONSISTENT,
     LOCK,
     ROWS,
@@ -37,6 +38,7 @@ from specdec.results import (
     STALE,
     SUMMARY,
     Piece,
+    config_difference,
     describe_pieces,
     dump,
     json_ready,
@@ -47,11 +49,10 @@ from specdec.results import (
     read_rows_file,
     read_summary,
     round_of,
+    without_keys,
 )
 
 HYDRA_OWN_FILES = {".hydra", "run.log"}  # what Hydra writes into a run directory before the job starts
-# Keys that may differ between a run and its resumption.
-RESUME_FREE_KEYS = ("resume", "group")
 # What to do about a write the environment refused, by errno.
 REMEDIES = {
     errno.ENOSPC: "free some space",
@@ -263,27 +264,6 @@ def same_file(fd: int, path: Path) -> bool:
 
 # Resume -------------------------------------------------------------------------------------------------------------
 
-def comparable(config: dict) -> dict:
-    """A config with the keys that may change on resume removed (also inside the logger)."""
-    config = {k: v for k, v in config.items() if k not in RESUME_FREE_KEYS}
-    if isinstance(config.get("logger"), dict):
-        config["logger"] = {k: v for k, v in config["logger"].items() if k != "group"}
-    return config
-
-
-def config_difference(old: dict, new: dict, prefix: str = "") -> str | None:
-    """The first differing dotted key as 'key: old -> new', or None if equal."""
-    for key in sorted(set(old) | set(new), key=str):
-        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
-        if isinstance(a, dict) and isinstance(b, dict):
-            found = config_difference(a, b, f"{prefix}{key}.")
-            if found:
-                return found
-        elif a != b:
-            return f"{prefix}{key}: {a!r} -> {b!r}"
-    return None
-
-
 def cut_short(old: dict, new: dict) -> bool:
     """Whether ``old`` holds only settings of ``new``, each with the same value, but not all of them: a config
     cut short at a line (or one written before the newer keys existed)."""
@@ -291,7 +271,7 @@ def cut_short(old: dict, new: dict) -> bool:
         return all(key in b and (covered(value, b[key]) if isinstance(value, dict) and isinstance(b[key], dict)
                                  else value == b[key]) for key, value in a.items())
 
-    return covered(old, new) and config_difference(old, new) is not None
+    return covered(old, new) and config_difference(old, new, free=()) is not None
 
 
 def identity_difference(rows: list[dict], columns: dict) -> str | None:
@@ -336,8 +316,8 @@ def stored_setting_difference(run_dir: Path, config: dict, columns: dict) -> str
     """How the run already in ``run_dir`` differs from this one, or None: by its config.yaml, or, where that is
     damaged, absent or cut short, by what it still holds and its rows' setting columns."""
     old, _ = stored_config(run_dir)
-    if old is not None and not cut_short(comparable(old), comparable(config)):
-        return config_difference(comparable(old), comparable(config))
+    if old is not None and not cut_short(without_keys(old, FREE_KEYS), without_keys(config, FREE_KEYS)):
+        return config_difference(old, config)
     return identity_difference(read_rows(run_dir), columns)
 
 

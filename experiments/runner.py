@@ -422,6 +422,7 @@ def decode_prompts(cfg, setting: Setting, todo: list[tuple[int, object]], out_di
     provenance = Provenance(**code_provenance(), target_weights=weights_hash(pair.target),
                             drafter_weights=side.drafter_weights(), processor=processor_name(device),
                             torch_threads=torch.get_num_threads())
+    logger.update_config({"provenance": asdict(provenance)})
     side.compile_seconds = warm_up(cfg, (baseline.generate, side.warm), encoded, device)
     side.profile(cfg, encoded[0])
     compiled_before = compilations()
@@ -490,7 +491,7 @@ class SpecdecSide:
 
     def measure(self, input_ids, mask, max_new_tokens, eos_token_id, seed) -> Measured:
         out = self.decoder.generate(input_ids, mask, max_new_tokens, eos_token_id, seed)
-        return Measured(out.tokens, lambda base, i: Metrics.measure(out.stats, base, i, self.k, self.tree,
+        return Measured(out.tokens, lambda base, i: Metrics.measure(out.stats, base, i, self.tree,
                                                                     self.compile_seconds, self.cost_ratio))
 
 

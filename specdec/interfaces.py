@@ -152,6 +152,12 @@ class Drafter:
         return cls(**options)
 
     @classmethod
+    def reads_draft_model(cls, **options) -> bool:
+        """Whether ``from_pair`` with these options drafts with the pair's draft model: a pair of a target alone
+        (``load_pair(target=DIR)``) has none, so such a drafter is refused for it before any model loads."""
+        return False
+
+    @classmethod
     def check_options(cls, compile: bool = False, forward: str = "auto", **options) -> None:
         """Refuse bad options before any model loads (ValueError / TypeError naming the option). By default a
         drafter that needs no pair is built once and dropped; one that needs a pair checks nothing here."""

@@ -205,10 +205,11 @@ class Metrics:
         "decodes, apart from the timings above (run); null for an eager run")
 
     @classmethod
-    def measure(cls, spec: DecodeStats, base: DecodeStats, row: int, k: int, tree: bool,
+    def measure(cls, spec: DecodeStats, base: DecodeStats, row: int, tree: bool,
                 compile_seconds: float | None = None, profiled_cost_ratio: float | None = None) -> Metrics:
         """Row ``row`` of a batch that both decoders ran: its own counts, the batch's timings (specdec.stats's
-        definitions). Leviathan's predicted speedup is for chains, so a token tree (``tree``) gets none.
+        definitions). Leviathan's predicted speedup is for chains, so a token tree (``tree``) gets none; a chain's
+        takes the k its steps drafted (drafted / steps that drafted), never a configured one.
         ``compile_seconds``: the run's warm-up, where it compiled (None: eager). ``profiled_cost_ratio``: the cost
         ratio of the run's forwards timed apart, for steps whose phases are not timed (the device step)."""
         counts = spec.rows[row]
@@ -374,6 +375,40 @@ def type_problem(row: dict) -> str | None:
         annotation, kinds = COLUMN_TYPES.get(name, ("", ()))
         if kinds and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
             return f"column {name} holds {value!r} ({type(value).__name__}) where the schema has {annotation}"
+    return None
+
+
+# Keys that change nothing a run computes (where it is written, how it is watched, how long it may take): a run
+# resumes with them changed (both apps), and analysis compares runs without them. Dotted keys reach into a group.
+FREE_KEYS = ("resume", "group", "hydra", "logger", "threads", "max_minutes", "max_wall_minutes")
+# Which of a prompt set's prompts a run took: the rows name their prompts, so analysis also compares without them.
+PROMPT_SELECTION_KEYS = ("num_prompts", "data.limit", "requested")
+
+
+def without_keys(config: dict, keys: tuple[str, ...]) -> dict:
+    """``config`` less ``keys`` (a dotted key removes one key of a group)."""
+    config = {key: value for key, value in config.items() if key not in keys}
+    for group, _, name in (key.partition(".") for key in keys if "." in key):
+        if isinstance(config.get(group), dict):
+            config[group] = {key: value for key, value in config[group].items() if key != name}
+    return config
+
+
+def config_difference(old: dict, new: dict, free: tuple[str, ...] = FREE_KEYS) -> str | None:
+    """The first dotted key outside ``free`` where two configs differ, as 'key: old -> new'; None where they agree
+    (the one comparison of configs: resume in both apps, and analysis)."""
+    return first_difference(without_keys(old, free), without_keys(new, free), "")
+
+
+def first_difference(old: dict, new: dict, prefix: str) -> str | None:
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            found = first_difference(a, b, f"{prefix}{key}.")
+            if found:
+                return found
+        elif a != b:
+            return f"{prefix}{key}: {a!r} -> {b!r}"
     return None
 
 
