@@ -438,8 +438,7 @@ ENTRY_POINTS = {"main", "parse_args"}  # one interface: every app's command line
 # Top-level functions still named alike in two modules, each in code another pass of issue 41 moves or merges
 # (training, the run directory, the cost model, analysis); a name added to a second module fails the test below.
 SHARED_ELSEWHERE = {
-    "build", "check_device", "check_known_keys", "check_pair", "check_tokenizer", "comparable", "compare",
-    "config_difference", "encode",
+    "build", "check_device", "check_known_keys", "check_pair", "check_tokenizer", "compare", "encode", "names",
     "is_int", "is_number", "label", "left_padded", "measure", "one_line", "pooled", "predicted_speedup", "refuse",
     "run", "special_ids", "title", "train", "unfinished_runs", "write_config", "write_report",
 }

@@ -69,7 +69,7 @@ def preflight_checks(plan: SuitePlan) -> list[dict]:
         captures, replays = counted_since(on_device, before)
         expected = host.generate(ids, mask, max_new_tokens=16).tokens
         rows.append(check_row(f"greedy on a {capture} capture: the host loop's tokens", tokens == expected,
-                              first_difference(tokens, expected)))
+                              token_difference(tokens, expected)))
         if counting:
             wanted = 1 if capture == "fresh" else 0
             rows.append(check_row(f"greedy on a {capture} capture: {wanted} capture(s), replays",
@@ -82,7 +82,7 @@ def preflight_checks(plan: SuitePlan) -> list[dict]:
     again = seeded.generate(ids, mask, max_new_tokens=16, seed=4).tokens  # the kept capture, the first seed
     captures, replays = counted_since(seeded, before)
     rows.append(check_row("sampled on a kept capture: the fresh capture's tokens for the same seed", again == first,
-                          first_difference(again, first)))
+                          token_difference(again, first)))
     rows.append(check_row("sampled: another seed, other tokens", other != first,
                           "the seeds gave different tokens" if other != first else "seeds 4 and 9 gave the same tokens"))
     if counting:
@@ -107,7 +107,7 @@ def check_row(name: str, passed: bool, detail: str) -> dict:
     return {"check": name, "passed": bool(passed), "detail": detail}
 
 
-def first_difference(tokens: list[list[int]], expected: list[list[int]]) -> str:
+def token_difference(tokens: list[list[int]], expected: list[list[int]]) -> str:
     """Where two batches of token rows first differ, in words ("equal" where they do not)."""
     for row, (got, wanted) in enumerate(zip(tokens, expected)):
         if got != wanted:
