@@ -166,11 +166,11 @@ def run_interleaved(methods: dict, batches: list, clock: Clock, timed_models: tu
     """Run every method on every batch, the order rotating per batch, after a warm-up (``warmup_batches``), so no
     compilation falls in the timed calls (``compilations_while_timed`` counts any that still do). The forwards of
     ``timed_models`` are timed inside eager methods' calls, for their overhead; elsewhere it is NaN."""
-    tallies = {name: warm_up(method, batches, clock) for name, method in methods.items()}
+    tallies = {name: warm_up_method(method, batches, clock) for name, method in methods.items()}
     return time_interleaved(methods, batches, clock, tallies, timed_models)
 
 
-def warm_up(method: Method, batches: list, clock: Clock) -> Tally:
+def warm_up_method(method: Method, batches: list, clock: Clock) -> Tally:
     """A method's untimed warm-up calls (``warmup_batches``), their seconds in a new tally."""
     tally = Tally()
     start = clock.now()
@@ -181,7 +181,7 @@ def warm_up(method: Method, batches: list, clock: Clock) -> Tally:
 
 
 def time_interleaved(methods: dict, batches: list, clock: Clock, tallies: dict, timed_models: tuple = ()) -> dict:
-    """The timed part of ``run_interleaved``, for methods already warmed up (``tallies`` from ``warm_up``, one per
+    """The timed part of ``run_interleaved``, for methods already warmed up (``tallies`` from ``warm_up_method``, one per
     method): every method on every batch, the order rotating per batch."""
     compiled_before = compilations()
     for index, batch in enumerate(batches):

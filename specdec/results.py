@@ -881,6 +881,7 @@ NOT_A_ROW = "object(s) without run_id or prompt_id"
 OTHER_RUN = "row(s) of another run"
 DUPLICATE = "duplicate row(s)"
 STALE = "row(s) of prompts no longer in the prompt set"  # resume's judgement: only it knows the prompt set
+INCONSISTENT = "row(s) whose columns disagree"  # resume's: tokens vs emitted, prompt_id vs the prompt's hash
 
 
 @dataclass(frozen=True)
@@ -1010,7 +1011,7 @@ def parse_line(line: str) -> tuple[list[dict], list[str]]:
 
 def describe_pieces(pieces: list[Piece]) -> str:
     """'2 unreadable line piece(s), 1 duplicate row(s)': the pieces counted by reason, in a fixed order."""
-    order = (UNREADABLE, NOT_A_ROW, OTHER_RUN, DUPLICATE, STALE)
+    order = (UNREADABLE, NOT_A_ROW, OTHER_RUN, DUPLICATE, STALE, INCONSISTENT)
     counts = {reason: sum(piece.reason == reason for piece in pieces) for reason in order}
     return ", ".join(f"{count} {reason}" for reason, count in counts.items() if count)
 
