@@ -62,14 +62,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="where the held-out greedy continuations are written once")
     args = parser.parse_args(argv)
     try:
-        check(args)
+        check_arguments(args)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
     return args
 
 
-def check(args: argparse.Namespace) -> None:
+def check_arguments(args: argparse.Namespace) -> None:
     if args.kind not in KINDS:
         raise ConfigError(f"--kind {args.kind!r} is not allowed: must be one of {', '.join(KINDS)}")
     if args.kind != "model" and args.checkpoint is None:

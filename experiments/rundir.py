@@ -31,6 +31,7 @@ from specdec.results import (
     DAMAGED_SUFFIX,
     FAILURE,
     FREE_KEYS,
+    INCONSISTENT,
     LOCK,
     ROWS,
     SET_ASIDE,
@@ -418,15 +419,20 @@ def recover(run_dir: Path, prompts: list, columns: dict) -> Recovery:
     anything is moved."""
     found = read_rows_file(run_dir)
     hashes, ids = {prompt.hash for prompt in prompts}, {str(prompt.id) for prompt in prompts}
-    rows, stale = [], []
+    id_of_hash = {prompt.hash: str(prompt.id) for prompt in prompts}
+    rows, stale, inconsistent = [], [], []
     for row in found.rows:
-        (rows if decodes_one_of(row, hashes, ids) else stale).append(row)
+        if not decodes_one_of(row, hashes, ids):
+            stale.append(row)
+        else:
+            (inconsistent if disagreement(row, id_of_hash) else rows).append(row)
     difference = identity_difference(rows, columns)
     if difference:
         raise ConfigError(f"run directory {run_dir} holds rows of another setting ({difference}); use a new "
                           "hydra.run.dir or resume with the same settings")
     moved = move_damaged_files(run_dir)
-    pieces = found.set_aside + [Piece(0, dump(row), STALE) for row in stale]
+    pieces = (found.set_aside + [Piece(0, dump(row), STALE) for row in stale]
+              + [Piece(0, dump(row), INCONSISTENT) for row in inconsistent])
     path = run_dir / ROWS
     if pieces:
         with writing(run_dir / SET_ASIDE, run_dir):
@@ -436,6 +442,26 @@ def recover(run_dir: Path, prompts: list, columns: dict) -> Recovery:
         with writing(path, run_dir):
             write_atomic(path, clean)
     return Recovery(rows, pieces, moved)
+
+
+def disagreement(row: dict, id_of_hash: dict[str, str]) -> str | None:
+    """What makes a row read back on resume disagree with itself or with its prompt (a hand edit, a tampered
+    file), or None: its token lists against their counts and against ``identical_output``, and its ``prompt_id``
+    against the id the prompt set gives its ``prompt_hash``. Columns a row lacks (older rows) are not compared."""
+    for tokens, count in (("tokens", "emitted"), ("baseline_tokens", "baseline_emitted")):
+        if tokens in row or count in row:
+            listed = row.get(tokens)
+            if not isinstance(listed, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                       for t in listed):
+                return f"{tokens} is not a list of token ids"
+            if row.get(count) != len(listed):
+                return f"{count}={row.get(count)!r} but {tokens} holds {len(listed)}"
+    identical = row.get("identical_output")
+    if identical is not None and "tokens" in row and identical != (row["tokens"] == row.get("baseline_tokens")):
+        return f"identical_output={identical!r} disagrees with tokens and baseline_tokens"
+    if has_hash(row) and row["prompt_hash"] in id_of_hash and row["prompt_id"] != id_of_hash[row["prompt_hash"]]:
+        return f"prompt_id={row['prompt_id']!r} but its prompt_hash is prompt {id_of_hash[row['prompt_hash']]!r}'s"
+    return None
 
 
 def has_hash(row: dict) -> bool:

@@ -8,6 +8,8 @@
 
 from specdec.api import generate
 from specdec.batching import left_pad
+from specdec.block import BlockVerification
+from specdec.traversal import Traversal
 from specdec.cache import FORWARDS
 from specdec.api import Decoder
 from specdec.emit import GenerationOutput, NonFiniteLogitsError, StrategyVerdictError
@@ -69,6 +71,8 @@ __all__ = [
     "STRATEGIES",
     "Greedy",
     "Speculative",
+    "BlockVerification",
+    "Traversal",
     "TopK",
     "Typical",
     "SyntheticAcceptance",

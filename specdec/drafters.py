@@ -121,10 +121,27 @@ class CachedDrafter(Drafter):
 
 
 class ModelDrafter(CachedDrafter):
-    """Drafts a chain autoregressively with a small causal LM that shares the target's vocabulary."""
+    """Drafts a chain autoregressively with a small causal LM that shares the target's vocabulary.
+
+    ``num_drafts`` = n > 1 drafts n independent chains per row instead (multi-draft speculative decoding: SpecInfer,
+    SpecTr): n i.i.d. draws of q at the root, each continued by its own chain of samples, proposed as one token tree
+    of branching (n, 1, ..., 1) and verified by the strategy's tree rule in one target forward (speculative
+    sampling's is recursive rejection sampling over the chains, exact at every temperature). At temperature 0 the
+    chains start at the draft's n likeliest tokens and continue greedily. A step of k drafts n k nodes with k draft
+    forwards, each over n tokens after the first.
+    """
 
     name = "model"
     trusted_proposals = True
+
+    def __init__(self, model: torch.nn.Module, label: str = "draft", forward: str = "auto",
+                 cache_layout: str = "dynamic", compile: bool = False, lean: LeanForward | None = None,
+                 num_drafts: int = 1):
+        self.num_drafts = check_num_drafts(num_drafts, cache_layout, compile)
+        self.drafts_trees = self.num_drafts > 1
+        self.layouts: dict[tuple, TreeLayout] = {}  # (k, device) -> the n chains' tree; ``release`` clears it
+        super().__init__(model, label, forward, cache_layout, compile, lean)
+        check_children_fit_vocabulary(f"num_drafts={self.num_drafts}", self.num_drafts, model.config.vocab_size)
 
     @classmethod
     def from_pair(cls, pair, compile: bool = False, forward: str = "auto", checkpoint: str | None = None,
@@ -136,20 +153,48 @@ class ModelDrafter(CachedDrafter):
         return cls(draft, compile=compile, forward=forward, **options)
 
     @classmethod
+    def reads_draft_model(cls, checkpoint: str | None = None, **options) -> bool:
+        return checkpoint is None
+
+    @classmethod
     def check_options(cls, compile: bool = False, forward: str = "auto", checkpoint: str | None = None,
                       **options) -> None:
-        unknown = set(options) - {"label", "cache_layout"}
+        unknown = set(options) - {"label", "cache_layout", "num_drafts"}
         if unknown:
-            raise TypeError(f"ModelDrafter got unknown options {sorted(unknown)}; it takes checkpoint, label and "
-                            f"cache_layout")
+            raise TypeError(f"ModelDrafter got unknown options {sorted(unknown)}; it takes checkpoint, label, "
+                            f"cache_layout and num_drafts")
         check_runner_options(options.get("cache_layout", "dynamic"), forward, compile)
+        check_num_drafts(options.get("num_drafts", 1), options.get("cache_layout", "dynamic"), compile)
         if checkpoint is not None:
             read_drafter_config(checkpoint, "model")
 
+    def release(self) -> None:
+        super().release()
+        self.layouts.clear()
+
     def draft(self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None) -> Proposal:
         """k forwards: the queue, then each draft but the last (the cache never sees the last draft)."""
+        if self.drafts_trees:
+            return draft_tree(self.feed, self.chains_layout(k, self.context.queue.device), sampling, generator)
         return draft_chain(self.feed().logits[:, -1], lambda token: self.feed(token.unsqueeze(1)).logits[:, -1],
                            k, sampling, generator, stop)
+
+    def chains_layout(self, k: int, device: torch.device) -> TreeLayout:
+        """The tree of ``num_drafts`` chains of k tokens, built once per (k, device)."""
+        if (k, device) not in self.layouts:
+            self.layouts[k, device] = tree_layout((self.num_drafts,) + (1,) * (k - 1), device)
+        return self.layouts[k, device]
+
+
+def check_num_drafts(num_drafts: object, cache_layout: str, compile: bool) -> int:
+    """An integer >= 1; above 1 the chains form a token tree, which runs eager on the dynamic cache layout."""
+    integer = as_integer(num_drafts)
+    if integer is None or integer < 1:
+        raise ValueError(f"num_drafts must be an integer >= 1 (independent draft chains per row), got {num_drafts!r}")
+    if integer > 1 and (compile or cache_layout != "dynamic"):
+        raise ValueError(f"num_drafts={integer} drafts a token tree, which runs eager on the dynamic cache layout; "
+                         f"got compile={compile}, cache_layout={cache_layout!r}")
+    return integer
 
 
 def draft_chain(logits: torch.Tensor, feed_next, k: int, sampling: SamplingConfig, generator: torch.Generator,
@@ -215,6 +260,10 @@ class TreeDrafter(CachedDrafter):
         return cls(pair.draft, forward=forward, **options)
 
     @classmethod
+    def reads_draft_model(cls, **options) -> bool:
+        return True
+
+    @classmethod
     def check_options(cls, compile: bool = False, forward: str = "auto", branching=(2, 2, 1, 1), **options) -> None:
         unknown = set(options) - {"label"}
         if unknown:
@@ -243,19 +292,25 @@ class TreeDrafter(CachedDrafter):
         self.layouts.clear()
 
     def draft(self, k: int, sampling: SamplingConfig, generator: torch.Generator, stop: StopHook | None) -> Proposal:
-        layout = self.layout(k, self.context.queue.device)
-        logits = self.feed().logits  # [B, 1, V] at the root
-        levels, probs, finite = [], [], usable(logits)
-        for depth, b in enumerate(layout.shape.branching, start=1):
-            children, level_probs = choose_children(logits, b, sampling, generator)  # [B, n*b], [B, n, V]
-            levels.append(children)
-            if level_probs is not None:
-                probs.append(level_probs)
-            if depth == layout.depth:
-                break
-            logits = self.feed(children, layout, num_logits=children.shape[1]).logits  # [B, n*b, V]
-            finite &= usable(logits)
-        return Proposal(torch.cat(levels, 1), torch.cat(probs, 1) if probs else None, finite, layout)
+        return draft_tree(self.feed, self.layout(k, self.context.queue.device), sampling, generator)
+
+
+def draft_tree(feed, layout: TreeLayout, sampling: SamplingConfig, generator: torch.Generator) -> Proposal:
+    """The token tree of ``layout``, level by level through ``feed`` (a ``CachedDrafter``'s): one draft forward per
+    level but the last, the root's from the queue, each later one over the previous level under its ancestor
+    mask. Children are the top-b tokens at temperature 0, else b i.i.d. samples of q (``choose_children``)."""
+    logits = feed().logits  # [B, 1, V] at the root
+    levels, probs, finite = [], [], usable(logits)
+    for depth, b in enumerate(layout.shape.branching, start=1):
+        children, level_probs = choose_children(logits, b, sampling, generator)  # [B, n*b], [B, n, V]
+        levels.append(children)
+        if level_probs is not None:
+            probs.append(level_probs)
+        if depth == layout.depth:
+            break
+        logits = feed(children, layout, num_logits=children.shape[1]).logits  # [B, n*b, V]
+        finite &= usable(logits)
+    return Proposal(torch.cat(levels, 1), torch.cat(probs, 1) if probs else None, finite, layout)
 
 
 def as_branching(value: object) -> object:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.block import BlockVerification
 from specdec.checks import check_draft_length, check_positive, check_probability, check_strategy_object
 from specdec.interfaces import AcceptanceStrategy, as_strategy
 from specdec.rules import (
@@ -26,6 +27,7 @@ from specdec.rules import (
     probs_of, row_at, speculative_tree,
 )
 from specdec.sampling import sample
+from specdec.traversal import Traversal
 from specdec.tree import as_rows
 from specdec.types import Verdict
 
@@ -252,6 +254,8 @@ STRATEGIES = {
     "typical": Typical,
     "topk": TopK,
     "synthetic": SyntheticAcceptance,
+    "block": BlockVerification,
+    "traversal": Traversal,
 }
 
 

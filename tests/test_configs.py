@@ -31,11 +31,12 @@ def test_every_group_has_the_expected_options():
     names = {group: {option for g, option in OPTIONS if g == group} for group in GROUPS}
     assert names["pair"] == {"embedded", "gpt2-xl", "gpt2-large", "gpt2-medium", "gpt2-xl-shaped",
                              "gpt2-large-shaped", "gpt2-medium-shaped"}
-    assert names["strategy"] == {"greedy", "speculative", "typical", "topk", "synthetic"}
+    assert names["strategy"] == {"greedy", "speculative", "block", "traversal", "typical", "topk", "synthetic"}
     assert {"greedy", "t1", "t07_topp09"} <= names["sampling"]
     assert names["draft_length"] == {"fixed", "heuristic", "confidence", "cost_optimal"}
     assert names["drafter"] == {
-        "model", "ngram", "early_exit", "tree", "dynamic_tree", "tree_searched", "cross_tokenizer", "eagle", "medusa"
+        "model", "chains", "ngram", "early_exit", "tree", "dynamic_tree", "tree_searched", "cross_tokenizer", "eagle",
+        "medusa"
     }
     assert names["data"] == {"embedded_heldout", "file", "task_suite"} and names["logger"] == {"none", "wandb"}
     assert names["system"] == {"specdec", "hf_generate", "hf_assisted"}
