@@ -23,6 +23,7 @@ import math
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -109,7 +110,7 @@ def train_from_config(cfg: DictConfig) -> None:
     try:
         plan = check(cfg, Path(HydraConfig.get().runtime.output_dir))
         texts = read_texts(plan)
-        with RunLock(plan.out):
+        with RunLock(plan.out) if int(os.environ.get("RANK", "0")) == 0 else nullcontext():  # rank 0 writes it
             run(plan, texts)
     except ConfigError as err:
         refuse(err)

@@ -567,7 +567,7 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
     check_ranks_agree(module, ranks)
     if log is not None:
         log.close()
-    if best.step is None:
+    if ranks.main and best.step is None:  # rank 0 evaluates
         raise TrainingStopped(f"no evaluation measured a finite tau in {step} steps (heldout.k={settings.k} needs "
                               f"held-out continuations longer than k), so no drafter was written")
     return Outcome(step, step >= settings.steps, seconds, best)
