@@ -42,7 +42,7 @@ from analysis.summarize import (
     varying_axes,
 )
 from analysis.tables import format_cell, pivot_metric, to_markdown
-from experiments.refusal import ArgumentParser
+from experiments.common.refusal import ArgumentParser
 from specdec.results import (
     CODE_AND_WEIGHTS,
     INTERVAL_METRICS,

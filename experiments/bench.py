@@ -4,7 +4,7 @@
     python -m experiments.bench --pair gpt2-xl-shaped # GPT-2 small -> XL shapes, random weights: costs only
     python -m experiments.bench --pair gpt2-xl        # the real pair, where the hub is reachable
 
-Everything is measured as ``experiments.harness`` measures: one process, after warm-up, methods interleaved per
+Everything is measured as ``experiments.common.harness`` measures: one process, after warm-up, methods interleaved per
 prompt (the order rotates), the device synchronised before every clock read. Prints Markdown tables and writes them
 with a JSON copy to --out.
 """
@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 
 import specdec
-from experiments.harness import (
+from experiments.common.harness import (
     Decoded, Method, Pair, Report, argument_parser, cost_profile, default_out_dir, load_bench_pair,
     markdown, positive_int, positive_ints, run_interleaved, temperatures,
     transformers_configuration, transformers_generate,
 )
-from experiments.refusal import check_device, check_dtype, check_pair, check_writable
+from experiments.common.refusal import check_device, check_dtype, check_pair, check_writable
 from specdec import Clock
 from specdec.batching import left_pad
 from specdec.costs import CostModel

@@ -6,7 +6,7 @@ heads (chains and EAGLE-2 dynamic trees) and Medusa heads (chains and trees), n-
 Per method: tau (tokens per target call), per-position acceptance a_i, the cost of its draft work per step against
 one target step (c = draft seconds per step / target seconds per step, both from the loop's own phase timers), the
 tokens per second and the speedup over our autoregressive baseline, all from one run in which the methods take
-turns on each prompt after a warm-up (``experiments.harness``), and whether each emitted the baseline's tokens.
+turns on each prompt after a warm-up (``experiments.common.harness``), and whether each emitted the baseline's tokens.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 import specdec
-from experiments.harness import (
+from experiments.common.harness import (
     Decoded, Method, Report, argument_parser, bench_clock, load_bench_pair, positive_int, positive_ints,
     run_interleaved,
 )

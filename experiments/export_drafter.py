@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from experiments.refusal import ArgumentParser, refuse
+from experiments.common.refusal import ArgumentParser, refuse
 from specdec.checkpoints import save_drafter
 from specdec.eagle import SHIPPED, EagleDrafter
 from specdec.heads import EagleHead, target_width

@@ -35,7 +35,7 @@ leaves unused goes to the next. Inside a section each item (a method's first cal
 longest item of its kind so far, or a first guess) and skipped with a line saying so when it does not fit. An item
 or a section that fails is recorded with its error and the suite goes on. Both files (Markdown and JSON) are written
 again after every item, so a run stopped at its time limit leaves what it measured. Timing as in
-``experiments.harness``: warm-up first, methods interleaved, the device synchronised before every clock read.
+``experiments.common.harness``: warm-up first, methods interleaved, the device synchronised before every clock read.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ from experiments.gpu.models import device_kind, device_name
 from experiments.gpu.plan import PLANS, SuitePlan, smoke
 from experiments.gpu.schedule import Suite
 from experiments.gpu.sections import SECTIONS, profile_step
-from experiments.harness import argument_parser, default_out_dir, names_from
-from experiments.refusal import check_writable
+from experiments.common.harness import argument_parser, default_out_dir, names_from
+from experiments.common.refusal import check_writable
 
 REPO = Path(__file__).resolve().parents[1]
 

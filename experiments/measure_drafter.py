@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import specdec
-from experiments.config_checks import ConfigError
+from experiments.common.config_checks import ConfigError
 from specdec.train.data import heldout_set
 from specdec.train.loop import Family, evaluate, heldout_batches, hidden_layers
 from specdec.checkpoints import load_weights, read_drafter_config

@@ -19,10 +19,10 @@ import traceback
 import hydra
 from omegaconf import DictConfig
 
-from experiments import rundir
-from experiments.config_checks import CONFIGS, ConfigError, one_line
-from experiments.refusal import refuse_unknown_group_options
-from experiments.runner import Job, job_from_hydra, run
+from experiments.common import rundir
+from experiments.common.config_checks import CONFIGS, ConfigError, one_line
+from experiments.common.refusal import refuse_unknown_group_options
+from experiments.common.runner import Job, job_from_hydra, run
 
 
 # Absolute, so that it resolves however this module is started or imported (python -m, tests).
@@ -44,7 +44,7 @@ def main(cfg: DictConfig) -> None:
 def end_with_error(job: Job, exit_code: int, message: str) -> None:
     """Print the one-line error. A single run exits with ``exit_code``. A sweep job records it in its directory and
     returns, so that the launcher goes on with the other jobs and the sweep's report names this one; the sweep then
-    exits with it (experiments.callbacks.WriteSweepReport)."""
+    exits with it (experiments.common.callbacks.WriteSweepReport)."""
     print(message, file=sys.stderr)
     if not job.in_sweep:
         sys.exit(exit_code)

@@ -12,7 +12,7 @@ costs measured here (draft step and verify forward of k+1 tokens, same mode). Th
 assisted generation at the same algorithm (constant k, no confidence cut-off) beside ours with greedy verification,
 both eager, on the same random pair (acceptance near 0, the same for both since greedy tokens are identical).
 
-Timing as in ``experiments.harness``: one process, warm-up first (compiled methods on every prompt), methods
+Timing as in ``experiments.common.harness``: one process, warm-up first (compiled methods on every prompt), methods
 interleaved (order rotating), device synchronised before every clock read. Prints Markdown tables and writes them
 to --out.
 """
@@ -27,12 +27,12 @@ import torch
 import transformers
 
 import specdec
-from experiments.harness import (
+from experiments.common.harness import (
     Decoded, Method, Report, argument_parser, cost_profile, default_out_dir, fractions, markdown,
     names_from, positive_int, positive_ints, random_prompts, run_interleaved,
     transformers_configuration, transformers_generate,
 )
-from experiments.refusal import check_device, check_dtype, check_pair, check_readable_file, check_writable
+from experiments.common.refusal import check_device, check_dtype, check_pair, check_readable_file, check_writable
 from specdec import Clock
 
 MODES = {"eager": False, "compiled": True}  # mode -> compile

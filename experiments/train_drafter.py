@@ -36,10 +36,10 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from experiments.config_checks import ConfigError, one_line
-from experiments.refusal import refuse as refuse_line
-from experiments.refusal import refuse_unknown_group_options
-from experiments.rundir import RunLock
+from experiments.common.config_checks import ConfigError, one_line
+from experiments.common.refusal import refuse as refuse_line
+from experiments.common.refusal import refuse_unknown_group_options
+from experiments.common.rundir import RunLock
 from specdec.checkpoints import target_identity
 from specdec.heads import EagleHead, MedusaHeads
 from specdec.models import (DTYPES, SHAPED_PRESETS, ModelUnavailableError, load_config, load_pair, plan_pair,

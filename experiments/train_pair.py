@@ -24,8 +24,8 @@ from tokenizers import ByteLevelBPETokenizer  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast  # noqa: E402
 
 import specdec  # noqa: E402
-from experiments.harness import positive_int  # noqa: E402
-from experiments.refusal import ArgumentParser, check_writable  # noqa: E402
+from experiments.common.harness import positive_int  # noqa: E402
+from experiments.common.refusal import ArgumentParser, check_writable  # noqa: E402
 from specdec.train.corpus import cut_prompts, fetch_corpus, read_austen, read_wiki, split_documents  # noqa: E402
 from specdec.train.losses import walk_trace  # noqa: E402
 

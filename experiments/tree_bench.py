@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 
 import specdec
-from experiments.harness import (
+from experiments.common.harness import (
     Decoded, Method, Report, argument_parser, bench_clock, load_bench_pair, positive_int, positive_ints,
     random_prompts, run_interleaved, single_temperature,
 )
-from experiments.refusal import built_before_measuring, check_device, check_pair, check_writable
+from experiments.common.refusal import built_before_measuring, check_device, check_pair, check_writable
 from specdec import Clock
 from specdec.batching import left_pad
 from specdec.dynamic_tree import check_tree_size

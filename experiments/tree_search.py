@@ -21,7 +21,7 @@ prediction.
    drafting less as the loop does) and time per step give the predicted decode speedup over the baseline, the
    same loop without a drafter. The best tree wins; the best chain (a ``ModelDrafter`` of k) is kept beside it.
 4. Check: the chosen tree, the best chain and the hand-picked trees of docs/bench/trees-cpu.md (--compare) run
-   interleaved with the baseline on held-out prompts (not the profile ones), as ``experiments.harness`` runs
+   interleaved with the baseline on held-out prompts (not the profile ones), as ``experiments.common.harness`` runs
    benches. Beside each: the search's prediction (profile prompts), the prediction for the held-out prompts
    themselves (their own greedy traces, taken before any timing, over the same costs), and the measured tau and
    decode speedup (the time per token after each call's first step, the phase the costs model), and the
@@ -40,11 +40,11 @@ from pathlib import Path
 import torch
 
 import specdec
-from experiments.harness import (
+from experiments.common.harness import (
     Decoded, Method, Report, argument_parser, bench_clock, default_out_dir, fractions, load_bench_pair,
     positive_int, positive_ints, random_prompts, run_interleaved,
 )
-from experiments.refusal import check_device, check_pair, check_writable
+from experiments.common.refusal import check_device, check_pair, check_writable
 from specdec import Clock
 from specdec.batching import left_pad
 from specdec.costs import CostModel, CostTable, monotone

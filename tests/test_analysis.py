@@ -27,7 +27,7 @@ from analysis import (
 )
 from analysis.report import main, pivot_axes, write_report
 from analysis.summarize import varying_axes
-from experiments.loggers import table_cell
+from experiments.common.loggers import table_cell
 from specdec.results import METRIC_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -403,7 +403,7 @@ class FakeApi:
                 for run_id, state in (("a", "finished"), ("b", "crashed"))]
 
     def artifact(self, name, type=None):
-        """The logger's ``rows`` table: list cells as JSON text (experiments.loggers.table_cell)."""
+        """The logger's ``rows`` table: list cells as JSON text (experiments.common.loggers.table_cell)."""
         run_id = re.fullmatch(r"team/specdec/run-(\w+)-rows:latest", name).group(1)
         rows = self.tables[run_id]
         data = [[table_cell(value) for value in row.values()] for row in rows]

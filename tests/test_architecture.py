@@ -83,8 +83,8 @@ def imports_of(package: str, graph: dict[str, set[str]]) -> dict[str, set[str]]:
 def test_the_graph_sees_every_package():
     graph = import_graph()
     assert {name.split(".")[0] for name in graph} == set(PACKAGES)
-    assert "specdec.results" in graph["experiments.rundir"] and "specdec.results" in graph["analysis.load"]
-    assert "experiments.rundir" in graph["experiments.runner"]  # from experiments import rundir
+    assert "specdec.results" in graph["experiments.common.rundir"] and "specdec.results" in graph["analysis.load"]
+    assert "experiments.common.rundir" in graph["experiments.common.runner"]  # from experiments.common import rundir
 
 
 def test_imports_inside_functions_and_under_type_checking_count(tmp_path):
@@ -110,6 +110,30 @@ def test_experiments_never_import_analysis():
         assert not {m for m in imported if m.split(".")[0] == "analysis"}, name
 
 
+def is_infrastructure(module: str) -> bool:
+    """experiments/common/ and the package itself; every other module of experiments/ is an app or an app's own."""
+    return module in ("experiments", "experiments.common") or module.startswith("experiments.common.")
+
+
+def apps_imported_by_infrastructure(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    return {name: outside for name, imported in graph.items() if is_infrastructure(name)
+            if (outside := {m for m in imported if m.split(".")[0] == "experiments" and not is_infrastructure(m)})}
+
+
+def test_the_infrastructure_check_sees_an_app_import():
+    graph = {"experiments.common.runner": {"experiments.run", "experiments.common.rundir"},
+             "experiments.common.rundir": set(), "experiments.run": {"experiments.common.runner"}}
+    assert apps_imported_by_infrastructure(graph) == {"experiments.common.runner": {"experiments.run"}}
+
+
+def test_the_experiments_infrastructure_never_imports_an_app():
+    """Every app stands above the shared infrastructure it uses (experiments/common/): nothing there imports an app
+    (experiments/*.py) or an app's own subpackage (experiments/gpu/)."""
+    graph = import_graph()
+    assert any(is_infrastructure(name) and name != "experiments" for name in graph)
+    assert apps_imported_by_infrastructure(graph) == {}
+
+
 def test_the_library_imports_neither_experiments_nor_analysis():
     for name, imported in imports_of("specdec", import_graph()).items():
         assert all(m.split(".")[0] == "specdec" for m in imported), name
@@ -122,7 +146,7 @@ def test_benches_use_no_cache_internals():
 
 
 def test_running_an_experiment_loads_neither_analysis_nor_pandas():
-    code = ("import sys, experiments.runner, experiments.run; "
+    code = ("import sys, experiments.common.runner, experiments.run; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'analysis', 'pandas'}))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

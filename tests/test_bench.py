@@ -12,7 +12,8 @@ import torch
 from conftest import TickingClock, random_prompts, tiny_gpt2
 
 import specdec
-from experiments import bench, harness, tree_bench
+from experiments import bench, tree_bench
+from experiments.common import harness
 from specdec.batching import left_pad
 from specdec.cache import CachedModel
 from specdec.costs import CostModel

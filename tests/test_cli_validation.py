@@ -16,7 +16,7 @@ from conftest import CONFIGS, REPO, WORDS, tiny_gpt2, tiny_overrides
 from hydra import compose, initialize_config_dir
 
 import specdec
-from experiments.config_checks import MAX_NEW_TOKENS, ConfigError, check_directory, check_sweep, validate
+from experiments.common.config_checks import MAX_NEW_TOKENS, ConfigError, check_directory, check_sweep, validate
 from specdec.sampling import MIN_TEMPERATURE
 
 TINY_CONTEXT = 128  # n_positions of the tiny pair (conftest.tiny)
@@ -88,7 +88,7 @@ UNREAD = [
                                 "strategy.lenience?"),
     (["+pair.dtyp=float32"], "pair.dtyp='float32' is not a parameter of specdec.models.load_pair; did you mean "
                              "pair.dtype?"),
-    (["logger=wandb", "+logger.tag=[a]"], "logger.tag=['a'] is not a parameter of experiments.loggers.WandbLogger; "
+    (["logger=wandb", "+logger.tag=[a]"], "logger.tag=['a'] is not a parameter of experiments.common.loggers.WandbLogger; "
                                           "did you mean logger.tags?"),
 ]
 
@@ -221,6 +221,6 @@ def test_the_forward_switch_reaches_the_target_and_the_drafter(tiny, tmp_path, m
     monkeypatch.setattr(specdec.Decoder, "__init__", record)
     cfg = compose_run([*tiny_overrides(tiny), "forward=transformers"])
     assert validate(cfg) is not None and cfg.forward == "transformers"
-    from experiments.runner import Job, run
+    from experiments.common.runner import Job, run
     run(cfg, Job(tmp_path / "run", "g", {}, tmp_path))
     assert built and all(target is False and drafter in (False, None) for target, drafter in built)

@@ -18,9 +18,9 @@ import pytest
 import yaml
 from conftest import REPO, tiny_overrides
 
-from experiments import runner
+from experiments.common import runner
 from experiments import run as run_app
-from experiments.concurrency import LiveJobs, live_jobs_dir
+from experiments.common.concurrency import LiveJobs, live_jobs_dir
 
 # The shipped embedded pair decodes slowly enough (about half a second a prompt here) that a signal sent after the
 # first row lands with most prompts left; the tiny test pair would finish first.
@@ -276,7 +276,7 @@ def test_live_jobs_count_each_other_and_forget_the_ones_that_ended(tmp_path):
 def test_a_job_killed_outright_is_not_counted_and_its_entry_goes(tmp_path):
     """The kernel drops a dead process's lock, however it died; the stale file it left is removed."""
     directory = tmp_path / ".running" / "host"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from experiments.concurrency import LiveJobs\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from experiments.common.concurrency import LiveJobs\n"
                                f"with LiveJobs(__import__('pathlib').Path({str(directory)!r})):\n"
                                "    print('holding', flush=True); time.sleep(600)"],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)

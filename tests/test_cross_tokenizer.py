@@ -423,7 +423,7 @@ def test_load_pair_takes_two_tokenizers_only_when_asked(cross_dirs, tokenizers):
 
 
 def test_the_cli_refuses_two_tokenizers_for_other_drafters(cross_dirs, tiny):
-    from experiments.config_checks import ConfigError, validate
+    from experiments.common.config_checks import ConfigError, validate
     from test_cli_validation import compose_run
 
     base = [*tiny_overrides(tiny), f"pair.draft={cross_dirs['draft']}", f"pair.target={cross_dirs['target']}"]

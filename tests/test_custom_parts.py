@@ -13,8 +13,8 @@ from conftest import REPO, tiny_overrides
 from test_experiments import compose_run, job_dirs, main, rows_of
 
 from analysis.report import main as report_main
-from experiments import runner
-from experiments.config_checks import ConfigError
+from experiments.common import runner
+from experiments.common.config_checks import ConfigError
 
 WALKTHROUGH = "## Your own parts, from the file to a sweep report"
 

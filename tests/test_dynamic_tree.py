@@ -277,7 +277,8 @@ def test_variants_that_are_not_exact_fail_the_same_test(small_pair, strategy, dr
 
 def test_the_tree_bench_runs_dynamic_trees_beside_chains_and_static_trees(target, unrelated):
     from conftest import TickingClock, random_prompts
-    from experiments import harness, tree_bench
+    from experiments import tree_bench
+    from experiments.common import harness
 
     pair = harness.Pair("tiny", unrelated, target, random_prompts([5, 7], seed=3), None, True)
     args = tree_bench.parse_args(["--max-new-tokens", "10", "--chains", "4", "--trees", "2-1", "--dynamic",

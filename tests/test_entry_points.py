@@ -1,5 +1,5 @@
 """Reliability 3, command-line side (issue 35): every entry point refuses through one path
-(``experiments.refusal``): exit 2 and one line on stderr, before any model loads, an unwritable output checked
+(``experiments.common.refusal``): exit 2 and one line on stderr, before any model loads, an unwritable output checked
 before anything is measured; and resume finds a run whose config.yaml was cut short, or names it."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from conftest import CONFIGS, REPO, tiny_overrides
 
 from experiments import bench, gpu_suite, shapes_bench, train_pair, tree_bench, tree_search
-from experiments.refusal import check_group_options, check_writable
+from experiments.common.refusal import check_group_options, check_writable
 
 NO_GPU = "cuda" if not torch.cuda.is_available() else None
 
@@ -117,7 +117,7 @@ def test_a_writable_directory_passes_and_nothing_is_made(tmp_path):
 def test_a_tree_the_pairs_vocabulary_cannot_hold_is_refused_before_measuring(monkeypatch, capsys):
     """Only the loaded pair knows its vocabulary: the methods are built before the first is timed."""
     from conftest import tiny_gpt2
-    from experiments.harness import Pair
+    from experiments.common.harness import Pair
 
     small = Pair("small", tiny_gpt2(1, layers=1, vocab=8), tiny_gpt2(0, vocab=8), [[1, 2, 3]], None, True)
     monkeypatch.setattr(tree_bench, "run_interleaved", lambda *args, **kwargs: pytest.fail("measured"))
@@ -169,7 +169,7 @@ def test_two_copies_of_one_tokenizer_pass_as_one_tokenizer(tiny):
     tokenizers are compared by content, so drafter=model is allowed (it said "the tokenizers differ (71 vs 71)")."""
     from test_cli_validation import compose_run
 
-    from experiments.config_checks import validate
+    from experiments.common.config_checks import validate
 
     objects, skip = validate(compose_run([*tiny_overrides(tiny), "pair.cross_tokenizer=true", "drafter=model"]))
     assert skip is None and objects["drafter"] is None
@@ -184,12 +184,12 @@ def cut_config(run_dir, cut_after: str) -> None:
     (run_dir / "config.yaml").write_text(text[: text.index(cut_after) + len(cut_after)])
 
 
-@pytest.mark.parametrize("cut_after", ["\n  dtype: fl", "\n  source: /t", "\n  _target_: experiments.loggers.Null",
+@pytest.mark.parametrize("cut_after", ["\n  dtype: fl", "\n  source: /t", "\n  _target_: experiments.common.loggers.Null",
                                        "\n  lenie", "max_new_tok"])
 def test_resume_true_finds_a_run_whose_config_was_cut_mid_line(tiny, tmp_path, capsys, cut_after):
     """Issue 35: a config.yaml cut inside a line ('dtype: fl') parsed as another setting, so resume=true said "no
     unfinished run" and decoded every prompt again."""
-    from experiments import runner
+    from experiments.common import runner
     from test_experiments import compose_run
     from test_rundir import FOUR, assert_each_prompt_once, killed_run, resume_line
 
@@ -204,14 +204,14 @@ def test_resume_true_finds_a_run_whose_config_was_cut_mid_line(tiny, tmp_path, c
 
 
 def test_a_cut_config_of_another_setting_is_not_resumed(tiny, tmp_path, capsys):
-    from experiments import runner
+    from experiments.common import runner
     from test_experiments import compose_run
     from test_rundir import killed_run, rows_of
 
     first = tmp_path / "outputs" / "first"
     overrides = killed_run(tiny, first)
     rows_before = rows_of(first)
-    cut_config(first, "\n  _target_: experiments.loggers.Null")  # draft_length.k=4 stays whole
+    cut_config(first, "\n  _target_: experiments.common.loggers.Null")  # draft_length.k=4 stays whole
     second = tmp_path / "outputs" / "second"
     runner.run(*compose_run([*overrides, "resume=true", "draft_length.k=2"], second))
     assert rows_of(first) == rows_before and len(rows_of(second)) == 4
@@ -221,8 +221,8 @@ def test_a_cut_config_of_another_setting_is_not_resumed(tiny, tmp_path, capsys):
 def test_a_damaged_config_without_rows_is_named_with_how_to_resume_it(tiny, tmp_path, capsys):
     """Nothing tells that run's setting: resume=true names it in one line rather than decode everything again, and
     resume=<its path> continues it."""
-    from experiments import runner
-    from experiments.config_checks import ConfigError
+    from experiments.common import runner
+    from experiments.common.config_checks import ConfigError
     from test_experiments import compose_run
     from test_rundir import FOUR, assert_each_prompt_once, killed_run
 

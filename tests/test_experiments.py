@@ -18,10 +18,10 @@ from conftest import CONFIGS, REPO, tiny_overrides
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from experiments import runner
+from experiments.common import runner
 from experiments import run as run_app
-from experiments.config_checks import ConfigError
-from experiments.loggers import WandbLogger, WandbWarning
+from experiments.common.config_checks import ConfigError
+from experiments.common.loggers import WandbLogger, WandbWarning
 from specdec.results import METRIC_COLUMNS, summarize_rows
 
 

@@ -12,8 +12,8 @@ from llama_dirs import save_tiny_llama
 from test_experiments import compose_run, rows_of
 
 import specdec.models
-from experiments import runner
-from experiments.config_checks import ConfigError
+from experiments.common import runner
+from experiments.common.config_checks import ConfigError
 from specdec.models import load_pair, model_name, plan_pair, resolve_pair_ids
 
 

@@ -15,7 +15,7 @@ from conftest import REPO, WORDS
 from llama_dirs import save_tiny_llama
 from test_experiments import compose_run, rows_of
 
-from experiments import runner
+from experiments.common import runner
 from experiments import train_drafter as app
 from specdec.checkpoints import read_drafter_config
 

@@ -15,7 +15,7 @@ from conftest import CONFIGS, REPO, tiny_overrides
 from test_custom_parts import files_and_commands
 from test_experiments import job_dirs, rows_of
 
-from experiments.refusal import check_group_options
+from experiments.common.refusal import check_group_options
 
 SIZE = ["num_prompts=2", "max_new_tokens=8", "warmup=0", "device=cpu", "dtype=float32", "threads=1"]
 

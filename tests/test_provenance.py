@@ -19,8 +19,8 @@ from test_experiments import compose_run, rows_of
 from transformers import AutoModelForCausalLM
 
 from analysis.report import write_report
-from experiments import runner
-from experiments.provenance import tensors_hash
+from experiments.common import runner
+from experiments.common.provenance import tensors_hash
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from test_cli_validation import compose_run as compose_config
 from test_experiments import compose_run
 from test_rundir import FOUR, assert_each_prompt_once, killed_run, resume_line, rows_of
 
-from experiments import runner
-from experiments.config_checks import ConfigError, validate
+from experiments.common import runner
+from experiments.common.config_checks import ConfigError, validate
 
 
 def tampered(row: dict, edit: str) -> dict:

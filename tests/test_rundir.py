@@ -1,7 +1,7 @@
 """Run directories that survive anything (issue 28): one writer at a time, rows keyed by the prompt's content,
 every damaged file set aside in one line, and writes the environment refuses ending the run in one line with the
 rows already written intact. Each test drives the real runner on the tiny pair; the environment's refusals are
-injected where run directories are written (``experiments.rundir.open_fd`` / ``write_all``), or made real with a
+injected where run directories are written (``experiments.common.rundir.open_fd`` / ``write_all``), or made real with a
 file-size limit."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import pytest
 from conftest import REPO, tiny_overrides
 from test_experiments import Killed, compose_run, kill_after, main
 
-from experiments import rundir, runner
-from experiments.config_checks import ConfigError
-from experiments.rundir import RunDirectoryError, RunLock
+from experiments.common import rundir, runner
+from experiments.common.config_checks import ConfigError
+from experiments.common.rundir import RunDirectoryError, RunLock
 from specdec.prompts import load_prompts
 
 OVERRIDES = dict(num_prompts=4, max_new_tokens=4, warmup=0)
@@ -67,7 +67,7 @@ FOUR = ["p0", "p1", "p2", "p3"]
 
 # One writer ----------------------------------------------------------------------------------------------------------
 
-HOLD = ("import sys, time\nfrom pathlib import Path\nfrom experiments.rundir import RunLock\n"
+HOLD = ("import sys, time\nfrom pathlib import Path\nfrom experiments.common.rundir import RunLock\n"
         "with RunLock(Path(sys.argv[1])):\n    print('holding', flush=True)\n    time.sleep(600)\n")
 
 

@@ -11,9 +11,9 @@ import pytest
 from conftest import REPO, tiny_overrides
 from test_experiments import compose_run, main
 
-from experiments import config_checks
+from experiments.common import config_checks
 from experiments import run as run_app
-from experiments.config_checks import ConfigError
+from experiments.common.config_checks import ConfigError
 
 
 def config_errors(capsys) -> list[str]:
@@ -62,7 +62,7 @@ def test_the_gpt2_xl_dry_run_as_documented_passes_every_jobs_check_on_a_cpu(tmp_
     and launched; the jobs themselves are replaced by a recorder here (each would build GPT-2 XL's shapes)."""
     launched = []
     monkeypatch.setattr(run_app, "run", lambda cfg, job: launched.append((cfg.device, cfg.pair.preset)))
-    monkeypatch.setattr("experiments.callbacks.write_report", lambda sweep_dir: None)
+    monkeypatch.setattr("experiments.common.callbacks.write_report", lambda sweep_dir: None)
     command = dry_run_command()
     assert "device=cpu" in command
     main([*command, f"hydra.sweep.dir={tmp_path / 'sweep'}", "logger=none"], monkeypatch)

@@ -17,8 +17,8 @@ from transformers import AutoModelForCausalLM
 from analysis import ResultsError, load_runs, summarize_runs
 from analysis.report import main as report_main
 from analysis.summarize import plot_axes
-from experiments import runner
-from experiments.config_checks import ConfigError
+from experiments.common import runner
+from experiments.common.config_checks import ConfigError
 from specdec.prompts import load_prompts, load_suite
 
 

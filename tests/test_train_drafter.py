@@ -28,7 +28,7 @@ import specdec
 from specdec.train import corpus as corpus_lib
 from specdec.train import data as data_lib
 from experiments import train_drafter as app
-from experiments.config_checks import ConfigError
+from experiments.common.config_checks import ConfigError
 from specdec.train.loop import Family, batch_rows, evaluate, heldout_batches, hidden_layers
 from specdec.checkpoints import load_weights, read_drafter_config
 from specdec.train.losses import DIVERGENCES, TrainingBatch, eagle_loss, eagle_passes

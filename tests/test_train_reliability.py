@@ -178,7 +178,7 @@ def test_a_corpus_edited_in_place_is_read_again(tiny_pair, tmp_path, monkeypatch
 
 
 def test_a_run_directory_another_process_writes_is_refused(tiny_pair, tmp_path, monkeypatch, capsys):
-    from experiments.rundir import RunLock
+    from experiments.common.rundir import RunLock
 
     run = tmp_path / "run"
     with RunLock(run):

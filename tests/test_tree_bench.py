@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from conftest import TickingClock, random_prompts, tiny_gpt2
 
-from experiments import harness, tree_bench
+from experiments import tree_bench
+from experiments.common import harness
 from specdec.profile import time_tree_forwards
 
 

@@ -14,7 +14,7 @@ import yaml
 import specdec
 from conftest import CONFIGS, random_prompts, tiny_gpt2
 from experiments import tree_search
-from experiments.harness import Pair
+from experiments.common.harness import Pair
 from experiments.tree_search import RankTraces, Schedule, all_branchings, greedy_traces, num_nodes
 
 

@@ -23,8 +23,8 @@ from conftest import REPO, tiny_overrides
 
 from analysis import load_runs, load_wandb_runs
 from experiments import run as run_app
-from experiments import runner
-from experiments.loggers import PROMPT_PREFIX, is_scalar_number, run_summary, table_cell
+from experiments.common import runner
+from experiments.common.loggers import PROMPT_PREFIX, is_scalar_number, run_summary, table_cell
 from specdec.results import PROVENANCE_COLUMNS
 
 PROJECT = "specdec"

@@ -10,7 +10,7 @@ import transformers
 
 import specdec
 from experiments.gpu.plan import SuitePlan
-from experiments.harness import Decoded, Method
+from experiments.common.harness import Decoded, Method
 from specdec.models import ModelPair
 
 # --- models -------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import specdec
 from experiments.gpu.models import release, tiny_gpt2
 from experiments.gpu.plan import SuitePlan
 from experiments.gpu.schedule import Budget, Suite, error_line
-from experiments.harness import random_prompts
+from experiments.common.harness import random_prompts
 from specdec.batching import left_pad
 
 # --- the preflight ------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from experiments.gpu.models import load_models
 from experiments.gpu.plan import HEADLINE_KEYS, SuitePlan
-from experiments.harness import Report, markdown
+from experiments.common.harness import Report, markdown
 from specdec.costs import CostModel
 from specdec import Clock
 from specdec.models import ModelPair

@@ -24,7 +24,7 @@ from experiments.gpu.models import decoder_method, device_name, release
 from experiments.gpu.plan import AR_MODES, AR_PRIORITY, HEADLINE_ACCEPTANCE, HF_PEERS, SuitePlan
 from experiments.gpu.preflight import preflight_section
 from experiments.gpu.schedule import Budget, Suite
-from experiments.harness import (
+from experiments.common.harness import (
     Decoded, HostReads, Method, Tally, compilations, compile_forward, cost_profile, load_bench_pair,
     random_prompts, run_interleaved, time_interleaved, transformers_generate,
     transformers_static_generate, warm_up_method,

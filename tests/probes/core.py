@@ -248,7 +248,7 @@ def composed(extra: list[str], hydra: bool = False):
 
 def validated(*extra: str) -> object:
     """Validate a run config as `python -m experiments.run` does before any model loads."""
-    from experiments.config_checks import validate
+    from experiments.common.config_checks import validate
 
     return validate(composed(list(extra)))
 
@@ -257,7 +257,7 @@ def run_app(run_dir: Path, *extra: str) -> str:
     """One run in-process into ``run_dir`` (the runner `python -m experiments.run` calls); returns its stderr."""
     from omegaconf import open_dict
 
-    from experiments import runner
+    from experiments.common import runner
 
     cfg = composed(list(extra), hydra=True)
     job = runner.Job(run_dir, run_dir.name, dict(cfg.hydra.runtime.choices), run_dir.parent)

@@ -134,7 +134,7 @@ def stale_staging_files() -> Outcome:
 
 KILLED_RUN = """
 import os, signal, sys
-from experiments import rundir, runner
+from experiments.common import rundir, runner
 
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
@@ -209,7 +209,7 @@ def killed_in_the_warm_up() -> Outcome:
 
 SLOW_ROWS = """
 import sys, time
-from experiments import rundir
+from experiments.common import rundir
 real = rundir.RowWriter.write
 def write(self, row):
     real(self, row)

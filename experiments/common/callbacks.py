@@ -10,9 +10,9 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from experiments import rundir
+from experiments.common import rundir
 
-REPO = Path(__file__).resolve().parents[1]  # where `python -m analysis.report` runs from
+REPO = Path(__file__).resolve().parents[2]  # where `python -m analysis.report` runs from
 
 
 class CheckOutputDirectory(Callback):

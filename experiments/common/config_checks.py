@@ -42,7 +42,7 @@ from specdec.models import (SHAPED_PRESETS, ModelUnavailableError, PairPlan, pla
                             resolve_pair_ids)
 from specdec.prompts import Prompt, resolve_source
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 WANDB_MODES = ("offline", "online", "disabled")
 # The most new tokens a run may ask for before its pair's context is known (read from the pair's config files
 # before loading, which then bounds it): a larger value is a typo, and would size buffers that cannot fit.

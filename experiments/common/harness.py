@@ -23,7 +23,7 @@ import torch
 import transformers
 
 import specdec
-from experiments.refusal import ArgumentParser
+from experiments.common.refusal import ArgumentParser
 from specdec.lean import LeanForward
 from specdec import Clock, DecodeStats, GenerationOutput
 from specdec.costs import CostModel
@@ -422,7 +422,7 @@ def bench_clock(args: argparse.Namespace) -> Clock:
 
 def argument_parser(module: str, doc: str) -> ArgumentParser:
     """A bench's parser: its usage names ``python -m module``, its help is the module's docstring as written, and
-    its refusals are one line, exit 2 (``experiments.refusal``)."""
+    its refusals are one line, exit 2 (``experiments.common.refusal``)."""
     return ArgumentParser(prog=f"python -m {module}", description=doc,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
 

@@ -1,6 +1,6 @@
-"""One run: validate the config, load the pair and prompts, take the run directory (``experiments.rundir``: one
+"""One run: validate the config, load the pair and prompts, take the run directory (``experiments.common.rundir``: one
 writer, resume), then for each prompt decode with the autoregressive baseline and with the run's system (our
-speculative decoding, or transformers' generate: ``experiments.harness.System``), interleaved with the same seed,
+speculative decoding, or transformers' generate: ``experiments.common.harness.System``), interleaved with the same seed,
 and append one row (``specdec.results.Row``) to rows.jsonl. The run ends with its summary
 (``specdec.results.summarize_rows``: pooled figures and per-prompt means) in summary.json and on the console.
 
@@ -31,11 +31,11 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import specdec
-from experiments import rundir
-from experiments.config_checks import ConfigError, data_label, data_name, one_line, validate
-from experiments.harness import System, compilations
-from experiments.concurrency import LiveJobs, host_name, live_jobs_dir
-from experiments.provenance import code_provenance, drafter_weights_hash, load_average, processor_name, weights_hash
+from experiments.common import rundir
+from experiments.common.config_checks import ConfigError, data_label, data_name, one_line, validate
+from experiments.common.harness import System, compilations
+from experiments.common.concurrency import LiveJobs, host_name, live_jobs_dir
+from experiments.common.provenance import code_provenance, drafter_weights_hash, load_average, processor_name, weights_hash
 from specdec.batching import left_pad
 from specdec.profile import time_forwards
 from specdec.stats import DecodeStats

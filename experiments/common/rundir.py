@@ -24,8 +24,8 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from experiments.config_checks import ConfigError
-from experiments.concurrency import host_name
+from experiments.common.config_checks import ConfigError
+from experiments.common.concurrency import host_name
 from specdec.results import (
     CONFIG,
     DAMAGED_SUFFIX,

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import transformers
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DIGITS = 16
 
 
