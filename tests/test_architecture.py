@@ -482,11 +482,7 @@ def test_no_two_modules_define_a_function_of_one_name_unless_it_is_one_interface
     assert {name: where for name, where in shared.items() if name not in ENTRY_POINTS | SHARED_ELSEWHERE} == {}
 
 
-# Files another pass of issue 41 splits or moves (the run directory's files, the runner with its provenance).
-LONG_ELSEWHERE = {"rundir.py", "runner.py"}
-
-
 def test_no_file_of_the_apps_is_over_600_lines():
     long = {str(path.relative_to(REPO)): count for path in sorted((REPO / "experiments").rglob("*.py"))
-            if (count := len(path.read_text(encoding="utf-8").splitlines())) > 600 and path.name not in LONG_ELSEWHERE}
+            if (count := len(path.read_text(encoding="utf-8").splitlines())) > 600}
     assert long == {}

@@ -18,10 +18,11 @@ from conftest import CONFIGS, REPO, tiny_overrides
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from experiments.common import runner
 from experiments import run as run_app
+from experiments.common import runner
 from experiments.common.config_checks import ConfigError
 from experiments.common.loggers import WandbLogger, WandbWarning
+from experiments.common.summary import format_table
 from specdec.results import METRIC_COLUMNS, summarize_rows
 
 
@@ -542,7 +543,7 @@ def test_run_summary_prints_no_interval_for_two_prompts_and_clips_to_the_range()
     acceptance rates: the interval stops at [0, 1]."""
     two = [{"acceptance_rate": 0.1, "speedup": 1.0, "prompt_id": "a"},
            {"acceptance_rate": 0.9, "speedup": 2.0, "prompt_id": "b"}]
-    table = runner.format_table(summarize_rows(two), "title")
+    table = format_table(summarize_rows(two), "title")
     assert "n/a (< 3 prompts)" in table and "-" not in table.split("acceptance_rate")[1].splitlines()[0]
     three = [{"acceptance_rate": value, "prompt_id": str(value)} for value in (0.02, 0.5, 0.98)]
     metric = summarize_rows(three)["metrics"]["acceptance_rate"]

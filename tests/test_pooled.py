@@ -10,7 +10,7 @@ from test_analysis import make_row, write_run
 
 from analysis import load_runs, summarize_runs
 from analysis.report import main as report_main
-from experiments.common.runner import format_table
+from experiments.common.summary import format_table
 from specdec.results import (BOOTSTRAP_SAMPLES, MIN_PROMPTS_FOR_INTERVAL, bootstrap_totals, pooled, pooled_figure,
                              summarize_rows, too_short)
 

@@ -32,27 +32,31 @@ from tqdm import tqdm
 
 import specdec
 from experiments.common import rundir
+from experiments.common.concurrency import LiveJobs, host_name, live_jobs_dir
 from experiments.common.config_checks import ConfigError, data_label, data_name, one_line, validate
 from experiments.common.harness import System, compilations
-from experiments.common.concurrency import LiveJobs, host_name, live_jobs_dir
-from experiments.common.provenance import code_provenance, drafter_weights_hash, load_average, processor_name, weights_hash
+from experiments.common.provenance import (
+    code_provenance,
+    drafter_weights_hash,
+    load_average,
+    processor_name,
+    weights_hash,
+)
+from experiments.common.recovery import prompts_left, recover
+from experiments.common.summary import format_table, complete_summary, title
 from specdec.batching import left_pad
 from specdec.profile import time_forwards
 from specdec.stats import DecodeStats
 from specdec.results import (
-    IDENTITY_COLUMNS,
-    MIN_PROMPTS_FOR_INTERVAL,
     SUMMARY,
     Condition,
     Metrics,
     Outputs,
     PromptColumns,
-    PROVENANCE_COLUMNS,
     Provenance,
     Row,
     RunIdentity,
     read_rows,
-    summarize_rows,
 )
 
 # Identity columns that the config alone does not fix: named once the run directory is known (run_id, group), by
@@ -138,14 +142,14 @@ def run(cfg: DictConfig, job: Job, after_row: Callable[[dict], None] | None = No
 def run_in(out_dir: Path, note: str | None, cfg: DictConfig, job: Job, setting: Setting, config: dict, prompts: list,
            after_row) -> dict:
     """The run, once this process holds ``out_dir``: recover what is there, decode the prompts left, summarise."""
-    recovery = rundir.recover(out_dir, prompts, setting.settled_columns())
+    recovery = recover(out_dir, prompts, setting.settled_columns())
     done_rows = recovery.rows
     run_id = done_rows[0]["run_id"] if done_rows else new_run_id(out_dir)
     group = done_rows[0]["group"] if done_rows else (cfg.group or job.default_group)
     config["group"] = group
     rundir.write_config(out_dir, config)
     todo = [(number, prompt) for number in range(rounds(cfg))
-            for prompt in rundir.prompts_left(prompts, done_rows, number)]
+            for prompt in prompts_left(prompts, done_rows, number)]
     if todo:
         rundir.check_appendable(out_dir)  # before the models load, and before saying the run continues
     if note or done_rows or recovery.set_aside or recovery.moved:
@@ -162,9 +166,7 @@ def run_in(out_dir: Path, note: str | None, cfg: DictConfig, job: Job, setting: 
                 decode_prompts(cfg, setting, todo, out_dir, done_rows, len(prompts) * rounds(cfg), logger,
                                live_jobs, after_row)
         rows = read_rows(out_dir)
-        summary = {"status": "complete", **identity(rows[0]), "batch_size": cfg.batch_size, "rounds": rounds(cfg),
-                   "compile_seconds": run_compile_seconds(rows),
-                   "provenance": run_provenance(rows, load_at_start, load_average()), **summarize_rows(rows)}
+        summary = complete_summary(rows, cfg.batch_size, rounds(cfg), load_at_start, load_average())
         rundir.write_json(out_dir / SUMMARY, summary)
         print(format_table(summary, title(rows[0], len(rows), out_dir)))
         failed = False
@@ -182,23 +184,6 @@ def check_rounds(value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"rounds={value!r}: rounds must be an integer >= 1 (how many times each prompt's "
                           "baseline/speculative pair is decoded)")
-
-
-def run_provenance(rows: list[dict], load_at_start: float | None, load_at_end: float | None) -> dict:
-    """summary.json's ``provenance``: the provenance columns of the run's first row, the machine's load average
-    when this process started decoding and when it ended, and ``differs``: the provenance columns whose value is
-    not the same in every row (a run resumed at another commit or on another machine), so that it is never hidden."""
-    first = rows[0]
-    differs = [name for name in PROVENANCE_COLUMNS if len({repr(row.get(name)) for row in rows}) > 1]
-    return {**{name: first.get(name) for name in PROVENANCE_COLUMNS},
-            "load_average": {"start": load_at_start, "end": load_at_end}, "differs": differs}
-
-
-def run_compile_seconds(rows: list[dict]) -> float | None:
-    """The summary's ``compile_seconds``: the longest warm-up among the rows (a resumed run warmed up once per
-    process); None for an eager run."""
-    values = [row.get("compile_seconds") for row in rows]
-    return max((value for value in values if isinstance(value, (int, float))), default=None)
 
 
 def resolved(cfg: DictConfig) -> dict:
@@ -295,83 +280,9 @@ def option_columns(cfg: DictConfig) -> dict:
     return columns
 
 
-def identity(row: dict) -> dict:
-    """The identity columns of a row: the setting every row of its run shares."""
-    return {name: row[name] for name in IDENTITY_COLUMNS if name in row}
-
-
 def run_name(identity: RunIdentity) -> str:
     system = "" if identity.system == "specdec" else f"{identity.system}/"
     return f"{identity.pair}/{system}{identity.drafter}/{identity.strategy}/k{identity.k}/{identity.sampling}"
-
-
-def title(row: dict, num_rows: int, out_dir: Path) -> str:
-    system = "" if row["system"] == "specdec" else f"system={row['system']} "
-    eos = "stops at EOS" if row.get("stop_at_eos") else "EOS ignored"
-    return (f"{out_dir}: pair={row['pair']} {system}drafter={row['drafter']} strategy={row['strategy']} "
-            f"(lossless: {'yes' if row['lossless'] else 'no'}) k={row['k']} sampling={row['sampling']} "
-            f"stop_at_eos={str(bool(row.get('stop_at_eos'))).lower()} ({eos}) ({num_rows} rows)\n"
-            f"code {row.get('git_commit') or 'unknown'}{' (dirty)' if row.get('git_dirty') else ''}, torch "
-            f"{row.get('torch_version')}, transformers {row.get('transformers_version')}; weights target "
-            f"{row.get('target_weights')}, drafter {row.get('drafter_weights')}; {row.get('processor')}, "
-            f"{row.get('torch_threads')} threads")
-
-
-# The console's rows, in order: each pooled figure beside its per-prompt mean where it has one.
-CONSOLE_FIGURES = ("speedup", "spec_bench_speedup", "acceptance_rate", "mean_accepted_length",
-                   "vllm_acceptance_length", "spec_tokens_per_s", "baseline_tokens_per_s", "cost_ratio",
-                   "predicted_speedup")
-
-
-def format_table(summary: dict, title: str) -> str:
-    """The run summary as a short fixed-width table: each figure pooled over the prompts and rounds (with its
-    bootstrap interval) beside its per-prompt mean (with its t interval), the spread of the pooled figure between
-    rounds where there are several, the greedy repeats that disagree, and the prompts too short to time, named."""
-    def bounds(low, high, n) -> str:
-        if 0 < n < MIN_PROMPTS_FOR_INTERVAL:
-            return f"n/a (< {MIN_PROMPTS_FOR_INTERVAL} prompts)"
-        if low is None or not math.isfinite(low):
-            return "n/a"
-        return f"[{low:.3f}, {high:.3f}]"
-
-    def number(value) -> str:
-        return f"{value:.3f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
-
-    spread = summary.get("between_rounds") or {}
-    several = spread.get("replicates", 1) > 1
-    lines = [title, f"{'figure':<22} {'pooled':>9}   {'95% CI (bootstrap)':<21} {'per-prompt mean':>15}   "
-                    f"{'95% CI (t)':<21} {'n':>4}" + (f"   {'between rounds (min-max, sd)':<28}" if several else "")]
-    for name in CONSOLE_FIGURES:
-        mean, pooled = summary["metrics"].get(name), summary["pooled"].get(name)
-        pooled_cells = f"{'':>9}   {'':<21}"
-        if pooled:
-            interval = bounds(pooled["ci_low"], pooled["ci_high"], pooled["prompts"])
-            pooled_cells = f"{number(pooled['value']):>9}   {'' if name == 'predicted_speedup' else interval:<21}"
-        mean_cells = f"{'':>15}   {'':<21} {'':>4}"
-        if mean:
-            mean_cells = (f"{number(mean['mean']):>15}   {bounds(mean['ci_low'], mean['ci_high'], mean['n']):<21} "
-                          f"{mean['n']:>4}")
-        rounds_cell = ""
-        if several and name in spread:
-            figure = spread[name]
-            rounds_cell = f"   {number(figure['min'])}-{number(figure['max'])}, sd {number(figure['sd'])}"
-        lines.append(f"{name:<22} {pooled_cells} {mean_cells}{rounds_cell}")
-    short = summary["short_prompts"]
-    if short["count"]:
-        named = ", ".join(short["prompt_ids"][:8]) + (", ..." if short["count"] > 8 else "")
-        rows = summary.get("rows", summary["prompts"])
-        counted = f"{rows} prompts" if rows == summary["prompts"] else f"{rows} (prompt, round) rows"
-        lines.append(f"too short to time: {short['count']} of {counted} ({named}), left out of "
-                     "the per-prompt means of timings, counted in the pooled figures (rule in summary.json)")
-    if summary.get("greedy_repeats_disagree"):
-        lines.append(f"warning: greedy repeats disagree in their counts for {', '.join(summary['greedy_repeats_disagree'])}"
-                     " (only other code, other weights or a nondeterministic kernel can cause it)")
-    lines.append("pooled: totals over all prompts and rounds (speedup = baseline s/token / speculative s/token; "
-                 "spec_bench_speedup = mean tok/s / mean baseline tok/s, Spec-Bench's; vllm_acceptance_length = "
-                 "1 + accepted / calls that drafted; predicted_speedup from the pooled acceptance, the k the steps "
-                 "drafted and the mean cost ratio); n: prompts in the per-prompt mean (timings leave out the short "
-                 "ones; cost ratio needs a decode step that drafted)")
-    return "\n".join(lines)
 
 
 def pair_drafter(setting: Setting, pair, compile: bool, forward: str) -> object:

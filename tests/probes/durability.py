@@ -134,7 +134,7 @@ def stale_staging_files() -> Outcome:
 
 KILLED_RUN = """
 import os, signal, sys
-from experiments.common import rundir, runner
+from experiments.common import recovery, rundir, runner
 
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
@@ -162,9 +162,9 @@ def killed_between_setting_aside_and_rewriting_rows() -> Outcome:
     run_dir = partial_run("set_aside_kill")
     rows = (run_dir / "rows.jsonl").read_text()
     (run_dir / "rows.jsonl").write_text(rows + rows + "torn{\n")
-    patch = ("real = rundir.append_pieces\n"
+    patch = ("real = recovery.append_pieces\n"
              "def append_then_die(path, pieces):\n    real(path, pieces)\n    die()\n"
-             "rundir.append_pieces = append_then_die")
+             "recovery.append_pieces = append_then_die")
     return killed_at(run_dir, patch) or resumed(run_dir)
 
 
