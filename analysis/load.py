@@ -25,8 +25,10 @@ from specdec.results import (
     METRIC_COLUMNS,
     OUTPUT_COLUMNS,
     PROMPT_COLUMNS,
+    PROMPT_SELECTION_KEYS,
     PROVENANCE_COLUMNS,
     FAILURE,
+    FREE_KEYS,
     INTERVAL_METRICS,
     LIST_COLUMNS,
     ROW_KEY,
@@ -34,6 +36,7 @@ from specdec.results import (
     SUMMARY,
     UNREADABLE,
     RowsRead,
+    config_difference,
     describe_pieces,
     read_config,
     read_failure,
@@ -304,9 +307,6 @@ def check_run_ids(runs: list[RunRows]) -> None:
             raise ResultsError(f"{run.source}: run_id {run_id!r} is also used by {owner[run_id]}")
 
 
-# Config keys that change neither a result nor a time: where a run's results go and which of a set's prompts it
-# took (the rows name their prompts).
-RESULT_FREE_KEYS = ("group", "resume", "logger", "hydra", "num_prompts", "data.limit", "requested")
 # Row columns that are no setting: which run, which prompt, where it ran, what it measured, what it emitted.
 # Provenance is a setting where it names the code or the weights (``CODE_AND_WEIGHTS``: runs differing there are
 # never merged), a condition where it names the machine (processor, threads).
@@ -366,34 +366,11 @@ def check_settings_apart(runs: list[RunRows]) -> None:
         earlier = first_with.setdefault(key, run)
         if earlier is run or earlier.config is None or run.config is None:
             continue
-        difference = config_difference(result_config(earlier.config), result_config(run.config))
+        difference = config_difference(earlier.config, run.config, free=FREE_KEYS + PROMPT_SELECTION_KEYS)
         if difference:
             raise ResultsError(f"{run.source} and {earlier.source} record the same setting in their rows, but their "
                                f"configs differ at {difference}; a table would merge them: report them apart, or "
                                "rerun with a version whose rows record that key")
-
-
-def result_config(config: dict) -> dict:
-    """A config without ``RESULT_FREE_KEYS`` (dotted keys reach into groups)."""
-    config = {key: value for key, value in config.items() if key not in RESULT_FREE_KEYS}
-    for dotted in (key for key in RESULT_FREE_KEYS if "." in key):
-        group, name = dotted.split(".", 1)
-        if isinstance(config.get(group), dict):
-            config[group] = {key: value for key, value in config[group].items() if key != name}
-    return config
-
-
-def config_difference(old: dict, new: dict, prefix: str = "") -> str | None:
-    """The first differing dotted key as "key ('a' vs 'b')", or None where the configs are equal."""
-    for key in sorted(set(old) | set(new), key=str):
-        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
-        if isinstance(a, dict) and isinstance(b, dict):
-            found = config_difference(a, b, f"{prefix}{key}.")
-            if found:
-                return found
-        elif a != b:
-            return f"{prefix}{key} ({a!r} vs {b!r})"
-    return None
 
 
 def per_position_long(frame: pd.DataFrame) -> pd.DataFrame:

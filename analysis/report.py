@@ -148,6 +148,7 @@ def write_report(paths: list[str], out: str | None = None, x: str | None = None,
         systems_section(summary),
         tree_section(frame, summary),
         acceptance_section(summary),
+        load_section(summary, out_dir),
         plot_section(summary, out_dir, x, hue),
     ]
     return write_markdown(out_dir, "\n".join(sections))
@@ -190,7 +191,7 @@ def header(paths: list[str], frame: pd.DataFrame, summary: pd.DataFrame, jobs: l
         "",
         f"- pair: {', '.join(map(str, summary['pair'].unique()))}; "
         f"sampling: {'; '.join(map(str, summary['sampling'].unique()))}",
-        f"- {len(summary)} runs, {len(frame)} (run, prompt) rows, "
+        f"- {len(runs)} runs, {len(frame)} (run, prompt) rows, "
         f"{frame['prompt_id'].nunique()} distinct prompts; from {', '.join(f'`{p}`' for p in paths)}",
     ]
     failed = {str(job.job_dir) for job in jobs if job.state == "failed"}
@@ -242,8 +243,9 @@ def replicate_lines(frame: pd.DataFrame, summary: pd.DataFrame, runs: int) -> li
     greedy repeats whose counts disagree."""
     lines = []
     if runs > len(summary):
-        lines.append(f"- {runs} runs pooled into {len(summary)} settings: runs that differ only in seed are "
-                     "replicates of one setting, pooled (column `seed` lists them), never ranked apart.")
+        lines.append(f"- {runs} runs pooled into {len(summary)} settings: runs that differ only in seed (or not at "
+                     "all: repeats) are replicates of one setting, pooled (column `seed` lists the seeds), never "
+                     "ranked apart.")
     if "replicates" in summary and (summary["replicates"] > 1).any():
         lines.append("- Replicates (rounds, and seeds' runs where pooled): the column `speedup between replicates` "
                      "gives the range and standard deviation of each replicate's pooled speedup; intervals resample "
@@ -644,6 +646,38 @@ def per_position_text(run: pd.Series) -> str:
         else:
             cells.append(f"{format_cell(value)} [{format_cell(low)}, {format_cell(high)}] ({attempts})")
     return ", ".join(cells)
+
+
+def load_section(summary: pd.DataFrame, out_dir: Path) -> str:
+    """Where the batch size varies (a load study, docs/load.md): pooled speedup by batch size per setting
+    (`pivot_speedup_by_batch.csv`, `speedup_by_batch.png`); and, for every run, the draft lengths its steps took
+    (share of steps by k) and a cost-modelling policy's modelled against measured seconds per step."""
+    if "batch_size" not in summary or summary["batch_size"].nunique() < 2:
+        return ""
+    axes = [axis for axis in varying_axes(summary) if axis != "batch_size"] or ["draft_length"]
+    table = pivot_metric(summary, "speedup_pooled", axes, "batch_size")
+    table.to_csv(out_dir / "pivot_speedup_by_batch.csv")
+    table.columns = [f"batch {format_value(value)}" for value in table.columns]
+    plot_speedup(summary, out_dir / "speedup_by_batch.png", x="batch_size", hue=axes[0])
+    labels = label_axes(summary)
+    chosen = pd.DataFrame({
+        "setting": [table_label(run, labels) for _, run in summary.iterrows()],
+        "steps by k drafted (share)": [histogram_text(run.get("k_histogram")) for _, run in summary.iterrows()],
+        "modelled / measured ms per step": [step_cost_text(run) for _, run in summary.iterrows()],
+    })
+    return ("## Speedup by load\n\nPooled speedup over the same loop without a draft, by batch size (a setting "
+            "with fewer than 4 timed calls per side is noise; its run warned). CSV: `pivot_speedup_by_batch.csv`.\n\n"
+            + to_markdown(table) + "\n\n![speedup by batch size](speedup_by_batch.png)\n\n"
+            "What each run drafted: its steps by the k they drafted (0: a plain decode step), and where the policy "
+            "models step costs (`cost_optimal`), its mean modelled and measured milliseconds per decode step.\n\n"
+            + to_markdown(chosen, index=False) + "\n")
+
+
+def step_cost_text(run: pd.Series) -> str:
+    modelled, measured = run.get("modelled_step_seconds"), run.get("measured_step_seconds")
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (modelled, measured)):
+        return ""
+    return f"{1000 * modelled:.2f} / {1000 * measured:.2f}"
 
 
 def histogram_text(histogram: list) -> str:

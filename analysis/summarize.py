@@ -43,7 +43,8 @@ BOOKKEEPING_COLUMNS = ("run_id", "group", "run_dir", "partial", "n_prompts", "pr
                        "per_position_acceptance_mean", "accepted_histogram", "most_concurrent_jobs", "hosts",
                        "short_prompts", "short_prompt_ids", "identical_outputs", "log_likelihood_mean",
                        "baseline_log_likelihood_mean", *PER_POSITION_COLUMNS, "replicates", "processors",
-                       "greedy_repeats_disagree", "predicted_drafted_k")
+                       "greedy_repeats_disagree", "predicted_drafted_k", "k_histogram", "modelled_step_seconds",
+                       "measured_step_seconds")
 
 
 def predicted_speedup(alpha, k, cost_ratio) -> np.ndarray:
@@ -70,7 +71,9 @@ def summarize_runs(frame: pd.DataFrame) -> pd.DataFrame:
     `log_likelihood_mean` and `baseline_log_likelihood_mean` (a lossy rule's quality beside the target's own),
     `predicted_speedup` recomputed from the pooled acceptance rate and mean cost ratio,
     `per_position_acceptance_mean` as the per-position mean over prompts, `accepted_histogram` summed over prompts
-    (steps of the whole run by drafts kept; empty where rows lack it), `vllm_acceptance_length` (mean and interval
+    (steps of the whole run by drafts kept; empty where rows lack it), `k_histogram` likewise (steps by the k
+    drafted), `modelled_step_seconds` and `measured_step_seconds` (a cost-modelling policy's mean per step),
+    `vllm_acceptance_length` (mean and interval
     over prompts of 1 + accepted / steps that drafted, from each row's histogram), and, where rows count them,
     `most_concurrent_jobs`: the most jobs of the sweep that ran on the run's machine while it decoded, and
     `hosts`: the machines its rows were decoded on (two when a requeued job moved).
@@ -131,7 +134,9 @@ def pooled_columns(records: list[dict]) -> dict:
     positions = figures["per_position_acceptance"]
     identical = [row.get("identical_output") for row in records if isinstance(row.get("identical_output"), bool)]
     return columns | {
-        "accepted_histogram": figures["accepted_histogram"], "short_prompts": len(short),
+        "accepted_histogram": figures["accepted_histogram"], "k_histogram": figures["k_histogram"],
+        "modelled_step_seconds": figures["step_seconds"]["modelled"],
+        "measured_step_seconds": figures["step_seconds"]["measured"], "short_prompts": len(short),
         "short_prompt_ids": ", ".join(short),
         "per_position_pooled": [p["value"] for p in positions], "per_position_ci_low": [p["ci_low"] for p in positions],
         "per_position_ci_high": [p["ci_high"] for p in positions],
@@ -284,6 +289,10 @@ SUMMARY_CSV_COLUMNS = (
      "a_i pooled (accepted at i / verified at i, lists by position), its interval and the positions verified"),
     ("per_position_acceptance_mean", "a_i as the per-prompt mean (prompts that never reached i skipped)"),
     ("accepted_histogram", "steps by drafts kept, h_0..h_k, summed over the rows"),
+    ("k_histogram", "steps by the k they drafted, k = 0..k (0: a plain decode step), summed over the rows"),
+    ("modelled_step_seconds, measured_step_seconds", "a cost-modelling policy's (`cost_optimal`) mean modelled and "
+                                                     "measured seconds per decode step; summary.json's "
+                                                     "`pooled.step_seconds`"),
     ("short_prompts, short_prompt_ids", "the rows too short to time, counted and named"),
     ("identical_outputs", "share of rows (temperature 0) whose output equals the baseline's"),
     ("log_likelihood_mean, baseline_log_likelihood_mean", "a lossy rule's target log-likelihood per token, and the "

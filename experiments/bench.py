@@ -19,13 +19,14 @@ import torch
 
 import specdec
 from experiments.harness import (
-    CostProfile, Decoded, Method, Pair, Report, argument_parser, cost_profile, default_out_dir, load_bench_pair,
-    markdown, measured_cost_speedup, positive_int, positive_ints, run_interleaved, temperatures,
+    Decoded, Method, Pair, Report, argument_parser, cost_profile, default_out_dir, load_bench_pair,
+    markdown, positive_int, positive_ints, run_interleaved, temperatures,
     transformers_configuration, transformers_generate,
 )
 from experiments.refusal import check_device, check_dtype, check_pair, check_writable
 from specdec import Clock
 from specdec.batching import left_pad
+from specdec.costs import CostModel
 
 
 def ours(pair: Pair, k: int | None, temperature: float, max_new_tokens: int, batch: list[list[int]], seed: int,
@@ -114,21 +115,21 @@ def baseline_summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def cost_row(costs: CostProfile) -> dict:
+def cost_row(costs: CostModel) -> dict:
     """The cost profile in milliseconds per forward, and the cost ratio c."""
-    row = {"draft_forward_1_ms": 1000 * costs.draft_step,
-           **{f"target_forward_{n}_ms": 1000 * seconds for n, seconds in costs.target.items()},
-           "cost_ratio": costs.cost_ratio}
+    row = {"draft_forward_1_ms": 1000 * costs.draft_step(),
+           **{f"target_forward_{n}_ms": 1000 * seconds for n, seconds in costs.target.seconds[1].items()},
+           "cost_ratio": costs.cost_ratio()}
     return {key: round(value, 3) for key, value in row.items()}
 
 
-def predicted_table(costs: CostProfile, ks: list[int]) -> list[dict]:
+def predicted_table(costs: CostModel, ks: list[int]) -> list[dict]:
     """Predicted speedup per alpha and k, twice: Leviathan's formula (verifying k+1 tokens costs one target step)
-    and the same expected tokens per step over the measured costs (``measured_cost_speedup``)."""
+    and the same expected tokens per step over the measured costs (``CostModel.speedup``)."""
     rows = []
     for alpha in (0.6, 0.7, 0.8):
-        formula = {f"k={k}": round(specdec.predicted_speedup(alpha, k, costs.cost_ratio), 2) for k in ks}
-        measured = {f"k={k}": round(measured_cost_speedup(alpha, k, costs), 2) for k in ks}
+        formula = {f"k={k}": round(specdec.predicted_speedup(alpha, k, costs.cost_ratio()), 2) for k in ks}
+        measured = {f"k={k}": round(costs.speedup(alpha, k), 2) for k in ks}
         rows += [{"alpha": alpha, "verify cost": "1 step (formula)", **formula},
                  {"alpha": alpha, "verify cost": "measured", **measured}]
     return rows

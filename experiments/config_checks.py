@@ -336,6 +336,7 @@ def check_pair(cfg: DictConfig) -> PairPlan:
         raise ConfigError(explain("pair", cfg.pair, err)) from None
     except (ValueError, TypeError) as err:
         raise ConfigError(explain("pair", cfg.pair, err)) from None
+    check_draft_model(cfg, plan)
     if not plan.shares_tokenizer:
         drafter = drafter_factory(cfg).func.__self__
         if not issubclass(drafter, specdec.CrossTokenizerDrafter):
@@ -343,6 +344,19 @@ def check_pair(cfg: DictConfig) -> PairPlan:
                               f"vs {len(plan.tokenizer)} tokens), and only drafter=cross_tokenizer drafts across "
                               f"them; got drafter._target_={cfg.drafter._target_!r}")
     return plan
+
+
+def check_draft_model(cfg: DictConfig, plan: PairPlan) -> None:
+    """A pair of a target alone (``pair.target=DIR``) has no draft model: a drafter that drafts with one is
+    refused, naming the two ways out."""
+    if plan.spec is None or plan.spec.draft is not None:
+        return
+    factory = drafter_factory(cfg)
+    if factory.func.__self__.reads_draft_model(**factory.keywords):
+        raise ConfigError(f"pair.target={plan.spec.target!r} alone is a target without a draft model, and "
+                          f"drafter._target_={cfg.drafter._target_!r} drafts with one: give the draft too "
+                          f"(pair.draft=DIR), or choose a drafter that reads the target alone (drafter=eagle, "
+                          f"medusa, early_exit or ngram)")
 
 
 def hub_sources(options: dict) -> list[str]:
@@ -382,8 +396,9 @@ def hub_unreachable() -> str | None:
 
 def offline_message(options: dict, unreachable: str) -> str:
     """One line for a pair that needs the hub while it cannot be reached."""
-    named = options.get("preset") if options.get("draft") is None and options.get("target") is None else "custom"
-    return (f"pair={named}: the Hugging Face hub cannot be reached ({unreachable}) and the pair is not in the local "
+    given = [f"pair.{role}={options[role]!r}" for role in ("draft", "target") if options.get(role) is not None]
+    named = " ".join(given) or f"pair={options.get('preset')}"
+    return (f"{named}: the Hugging Face hub cannot be reached ({unreachable}) and the pair is not in the local "
             f"cache; pairs that load offline: {', '.join(OFFLINE_PAIRS)}")
 
 

@@ -1,6 +1,6 @@
 """What every bench shares: the pair and its prompts, the interleaved run, transformers at its best (assisted, and
 its static-cache autoregressive path; ``System`` makes it the measured side of an ``experiments.run`` row), the cost
-profile and the predictions from it, a counter of host reads, the argument checks, and the tables.
+profile (``specdec.costs``), a counter of host reads, the argument checks, and the tables.
 
 The measuring rules, kept here once: every method runs in one process, after an untimed warm-up; the methods are
 interleaved per prompt, the order rotating, so a machine whose speed drifts moves them all alike; the device is
@@ -26,6 +26,7 @@ import specdec
 from experiments.refusal import ArgumentParser
 from specdec.lean import LeanForward
 from specdec import Clock, DecodeStats, GenerationOutput
+from specdec.costs import CostModel
 from specdec.profile import time_forwards
 from specdec.results import markdown_table
 
@@ -165,11 +166,11 @@ def run_interleaved(methods: dict, batches: list, clock: Clock, timed_models: tu
     """Run every method on every batch, the order rotating per batch, after a warm-up (``warmup_batches``), so no
     compilation falls in the timed calls (``compilations_while_timed`` counts any that still do). The forwards of
     ``timed_models`` are timed inside eager methods' calls, for their overhead; elsewhere it is NaN."""
-    tallies = {name: warm_up(method, batches, clock) for name, method in methods.items()}
+    tallies = {name: warm_up_method(method, batches, clock) for name, method in methods.items()}
     return time_interleaved(methods, batches, clock, tallies, timed_models)
 
 
-def warm_up(method: Method, batches: list, clock: Clock) -> Tally:
+def warm_up_method(method: Method, batches: list, clock: Clock) -> Tally:
     """A method's untimed warm-up calls (``warmup_batches``), their seconds in a new tally."""
     tally = Tally()
     start = clock.now()
@@ -180,7 +181,7 @@ def warm_up(method: Method, batches: list, clock: Clock) -> Tally:
 
 
 def time_interleaved(methods: dict, batches: list, clock: Clock, tallies: dict, timed_models: tuple = ()) -> dict:
-    """The timed part of ``run_interleaved``, for methods already warmed up (``tallies`` from ``warm_up``, one per
+    """The timed part of ``run_interleaved``, for methods already warmed up (``tallies`` from ``warm_up_method``, one per
     method): every method on every batch, the order rotating per batch."""
     compiled_before = compilations()
     for index, batch in enumerate(batches):
@@ -363,50 +364,19 @@ def transformers_configuration(target: torch.nn.Module, names: Iterable[str]) ->
 # --- costs and predictions --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CostProfile:
-    """Median seconds of one forward at batch 1: the draft's of one token, the target's of n tokens per n."""
-
-    draft_step: float
-    target: dict[int, float]
-
-    @property
-    def target_step(self) -> float:
-        return self.target[1]
-
-    @property
-    def cost_ratio(self) -> float:
-        """c = draft step / target step."""
-        return self.draft_step / self.target_step
-
-    def verify(self, k: int) -> float:
-        """One target forward verifying k drafts: k + 1 tokens."""
-        return self.target[k + 1]
-
-    def milliseconds(self) -> dict[str, float]:
-        """The costs in milliseconds, for a table: ``draft`` and ``target_<n>`` per width n."""
-        return {"draft": 1000 * self.draft_step, **{f"target_{n}": 1000 * seconds for n, seconds in self.target.items()}}
-
-
 def cost_profile(pair, prompt: torch.Tensor, widths: Iterable[int], repeats: int, clock: Clock,
-                 compile: bool = False, captured: bool = False) -> CostProfile:
-    """The pair's costs over ``prompt`` [1, T], on the cache layout its mode decodes with (eager: dynamic,
-    compiled: static): the draft's forward of one token and the target's of each of ``widths`` tokens.
-    ``captured``: each forward timed as a CUDA graph replay, as the device step runs it (CUDA, lean forwards)."""
+                 compile: bool = False, captured: bool = False) -> CostModel:
+    """The pair's costs at batch 1 (``specdec.costs.CostModel``) over ``prompt`` [1, T], on the cache layout its
+    mode decodes with (eager: dynamic, compiled: static): the draft's forward of one token and the target's of each
+    of ``widths`` tokens. ``captured``: each forward timed as a CUDA graph replay, as the device step runs it (CUDA,
+    lean forwards)."""
     layout = "static" if compile else "dynamic"
 
     def seconds(model, model_widths, label):
         return time_forwards(model, prompt, model_widths, repeats, cache_layout=layout, compile=compile, clock=clock,
                              label=label, forward="lean" if captured else "auto", captured=captured)
 
-    return CostProfile(seconds(pair.draft, [1], "draft")[1], seconds(pair.target, widths, "target"))
-
-
-def measured_cost_speedup(alpha: float, k: int, costs: CostProfile) -> float:
-    """Leviathan's expected tokens per step, E = sum_{i=0..k} alpha^i, over the measured costs instead of his one
-    target step per verification: E * T(1) / (k T_draft + T_verify(k+1)). Unitless, whatever the costs' unit."""
-    expected_tokens = specdec.predicted_speedup(alpha, k, 0.0)  # at c = 0 the formula is E itself
-    return expected_tokens * costs.target_step / (k * costs.draft_step + costs.verify(k))
+    return CostModel.at_batch_one(seconds(pair.draft, [1], "draft")[1], seconds(pair.target, widths, "target"))
 
 
 # --- host reads -------------------------------------------------------------------------------------------------

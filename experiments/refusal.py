@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import sys
 import tempfile
 from pathlib import Path
@@ -117,15 +118,15 @@ def check_readable_file(option: str, path: Path | str) -> None:
         raise ValueError(f"{option} {str(path)!r} cannot be read: {err.strerror or one_line(err)}") from None
 
 
-def check_group_options(argv: list[str], config_dir: Path) -> str | None:
+def check_group_options(argv: list[str], config_dir: Path, config_name: str = "run") -> str | None:
     """What is wrong with the overrides of config groups in a Hydra command line (``argv`` without the program),
     or None: each value of ``group=option`` (sweeps ``a,b`` and ``choice(a,b)`` included) must be one of the
-    group's options. A command line Hydra cannot parse is named too; anything else is left to Hydra."""
-    from hydra import initialize_config_dir  # Hydra's parsers, for experiments.run alone: imported here
-    from hydra._internal.utils import get_args_parser
-    from hydra.core.global_hydra import GlobalHydra
+    group's options, found on Hydra's composed search path (``config_dir``, ``--config-dir`` and
+    ``hydra.searchpath``, as Hydra will compose it); and a key of a group (``drafter.checkpoint=DIR``) must be one
+    the chosen option holds, and cannot be set while the group is swept (``group_key_problem``). A command line
+    Hydra cannot parse is named too; anything else is left to Hydra."""
+    from hydra._internal.utils import get_args_parser  # Hydra's parsers, for experiments.run alone: imported here
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import ChoiceSweep
     from hydra.errors import OverrideParseException
 
     try:
@@ -145,17 +146,113 @@ def check_group_options(argv: list[str], config_dir: Path) -> str | None:
         except OverrideParseException as err:
             return (f"cannot parse the override {text!r} ({one_line(str(err).splitlines()[0])}): see Hydra's "
                     f"override grammar; quote a value holding spaces, brackets or non-ASCII letters: key='value'")
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        loader = GlobalHydra.instance().config_loader()
-        for override in overrides:
-            options = loader.get_group_options(override.key_or_group)
-            if not options or override.is_delete():
-                continue
-            value = override.value()
-            values = value.list if isinstance(value, ChoiceSweep) else [value] if isinstance(value, str) else []
-            unknown = [str(item) for item in values if str(item) not in options]
-            if unknown:
-                return unknown_option(override.key_or_group, unknown[0], options)
+    search = [override.input_line for override in overrides if override.get_key_element() == "hydra.searchpath"]
+    composed = ComposedSearchPath(config_dir, parsed.config_dir, parsed.config_name or config_name, search)
+    choices = {}
+    for override in overrides:
+        options = composed.options(override.key_or_group)
+        if not options or override.is_delete():
+            continue
+        values = option_values(override)
+        unknown = [value for value in values if value not in options]
+        if unknown:
+            return unknown_option(override.key_or_group, unknown[0], options)
+        choices[override.key_or_group] = values
+    for override in overrides:
+        problem = group_key_problem(override, choices, composed)
+        if problem is not None:
+            return problem
+    return None
+
+
+class ComposedSearchPath:
+    """The config groups as Hydra will compose them: the app's ``config_dir``, a ``--config-dir``, the
+    ``hydra.searchpath`` override (``search``) and Hydra's own configs (``hydra/launcher``)."""
+
+    def __init__(self, config_dir: Path, extra_dir: str | None, config_name: str, search: list[str]):
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra._internal.utils import create_config_search_path
+
+        search_path = create_config_search_path(f"file://{config_dir}")
+        if extra_dir:
+            search_path.prepend("command-line", f"file://{Path(extra_dir).expanduser().absolute()}")
+        self.loader = ConfigLoaderImpl(config_search_path=search_path)
+        self.config_name = config_name if (config_dir / f"{config_name}.yaml").is_file() or extra_dir else None
+        self.search = search
+
+    def options(self, group: str) -> list[str]:
+        import warnings
+
+        with warnings.catch_warnings():  # a search path entry that does not exist: Hydra warns of it itself
+            warnings.simplefilter("ignore")
+            return self.loader.get_group_options(group, config_name=self.config_name, overrides=self.search)
+
+    @functools.lru_cache(maxsize=None)
+    def compose(self, overrides: tuple[str, ...]):
+        """The primary config composed with ``overrides`` (None where Hydra cannot: Hydra will name why)."""
+        import warnings
+
+        from hydra.types import RunMode
+
+        if self.config_name is None:
+            return None
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return self.loader.load_configuration(self.config_name, [*self.search, *overrides], RunMode.RUN)
+        except Exception:  # noqa: BLE001 - what Hydra cannot compose is Hydra's to name
+            return None
+
+    def default(self, group: str) -> str | None:
+        """The option the primary config chooses for ``group``."""
+        composed = self.compose(())
+        return None if composed is None else composed.hydra.runtime.choices.get(group)
+
+    def keys(self, group: str, option: str) -> list[str] | None:
+        """The keys of one option of ``group``, its own defaults list merged in."""
+        composed = self.compose((f"{group}={option}",))
+        node = None if composed is None else composed.get(group)
+        return None if node is None else [str(name) for name in node if not str(name).startswith("_")]
+
+
+def option_values(override) -> list[str]:
+    """The options a group override chooses: one, or each of a sweep's."""
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    value = override.value()
+    return [str(item) for item in value.list] if isinstance(value, ChoiceSweep) else \
+        [value] if isinstance(value, str) else []
+
+
+def group_key_problem(override, choices: dict[str, list[str]], composed: ComposedSearchPath) -> str | None:
+    """What is wrong with an override of a key of a config group (``drafter.checkpoint=DIR``), or None. Hydra
+    composes a sweep's shared config before it chooses a swept group's option, so such a key cannot be set while
+    its group is swept (Hydra's error is many lines); and an option that lacks the key takes it only with ``+``.
+    Either way the way out is named: an option of one's own holding the key (docs/experiments.md)."""
+    key = override.key_or_group
+    if override.is_add() or override.is_force_add() or override.is_delete() or "." not in key or \
+            key.startswith("hydra."):
+        return None
+    group, rest = key.split(".", 1)
+    if not composed.options(group):
+        return None
+    chosen = choices.get(group) or [composed.default(group)]
+    if chosen[0] is None:
+        return None
+    value = override.input_line.split("=", 1)[1]
+    holding = [option for option in chosen if rest.split(".")[0] in (composed.keys(group, option) or [])]
+    if len(chosen) > 1:
+        mine = holding[0] if holding else chosen[0]
+        return (f"{key}={value} cannot be set while {group} is swept ({group}={','.join(chosen)}): Hydra composes "
+                f"the sweep before it chooses each {group}; write the option with its {rest} as one of your own, "
+                f"my_configs/{group}/my_{mine}.yaml holding the two lines 'defaults: [{mine}]' and "
+                f"'{rest}: {value}', and sweep it by name beside the others: -m 'hydra.searchpath=[file://my_configs]' "
+                f"{group}={','.join(f'my_{option}' if option == mine else option for option in chosen)} "
+                f"(docs/experiments.md, \"Your own parts\")")
+    keys = composed.keys(group, chosen[0])
+    if keys is not None and not holding:
+        return (f"{key}={value}: {group}={chosen[0]} has no key {rest} (its keys: {', '.join(keys) or 'none'}); a "
+                f"key of your own is added with +{key}=...")
     return None
 
 

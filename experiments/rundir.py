@@ -30,12 +30,15 @@ from specdec.results import (
     CONFIG,
     DAMAGED_SUFFIX,
     FAILURE,
+    FREE_KEYS,
+    INCONSISTENT,
     LOCK,
     ROWS,
     SET_ASIDE,
     STALE,
     SUMMARY,
     Piece,
+    config_difference,
     describe_pieces,
     dump,
     json_ready,
@@ -46,11 +49,10 @@ from specdec.results import (
     read_rows_file,
     read_summary,
     round_of,
+    without_keys,
 )
 
 HYDRA_OWN_FILES = {".hydra", "run.log"}  # what Hydra writes into a run directory before the job starts
-# Keys that may differ between a run and its resumption.
-RESUME_FREE_KEYS = ("resume", "group")
 # What to do about a write the environment refused, by errno.
 REMEDIES = {
     errno.ENOSPC: "free some space",
@@ -262,27 +264,6 @@ def same_file(fd: int, path: Path) -> bool:
 
 # Resume -------------------------------------------------------------------------------------------------------------
 
-def comparable(config: dict) -> dict:
-    """A config with the keys that may change on resume removed (also inside the logger)."""
-    config = {k: v for k, v in config.items() if k not in RESUME_FREE_KEYS}
-    if isinstance(config.get("logger"), dict):
-        config["logger"] = {k: v for k, v in config["logger"].items() if k != "group"}
-    return config
-
-
-def config_difference(old: dict, new: dict, prefix: str = "") -> str | None:
-    """The first differing dotted key as 'key: old -> new', or None if equal."""
-    for key in sorted(set(old) | set(new), key=str):
-        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
-        if isinstance(a, dict) and isinstance(b, dict):
-            found = config_difference(a, b, f"{prefix}{key}.")
-            if found:
-                return found
-        elif a != b:
-            return f"{prefix}{key}: {a!r} -> {b!r}"
-    return None
-
-
 def cut_short(old: dict, new: dict) -> bool:
     """Whether ``old`` holds only settings of ``new``, each with the same value, but not all of them: a config
     cut short at a line (or one written before the newer keys existed)."""
@@ -290,7 +271,7 @@ def cut_short(old: dict, new: dict) -> bool:
         return all(key in b and (covered(value, b[key]) if isinstance(value, dict) and isinstance(b[key], dict)
                                  else value == b[key]) for key, value in a.items())
 
-    return covered(old, new) and config_difference(old, new) is not None
+    return covered(old, new) and config_difference(old, new, free=()) is not None
 
 
 def identity_difference(rows: list[dict], columns: dict) -> str | None:
@@ -335,8 +316,8 @@ def stored_setting_difference(run_dir: Path, config: dict, columns: dict) -> str
     """How the run already in ``run_dir`` differs from this one, or None: by its config.yaml, or, where that is
     damaged, absent or cut short, by what it still holds and its rows' setting columns."""
     old, _ = stored_config(run_dir)
-    if old is not None and not cut_short(comparable(old), comparable(config)):
-        return config_difference(comparable(old), comparable(config))
+    if old is not None and not cut_short(without_keys(old, FREE_KEYS), without_keys(config, FREE_KEYS)):
+        return config_difference(old, config)
     return identity_difference(read_rows(run_dir), columns)
 
 
@@ -438,15 +419,20 @@ def recover(run_dir: Path, prompts: list, columns: dict) -> Recovery:
     anything is moved."""
     found = read_rows_file(run_dir)
     hashes, ids = {prompt.hash for prompt in prompts}, {str(prompt.id) for prompt in prompts}
-    rows, stale = [], []
+    id_of_hash = {prompt.hash: str(prompt.id) for prompt in prompts}
+    rows, stale, inconsistent = [], [], []
     for row in found.rows:
-        (rows if decodes_one_of(row, hashes, ids) else stale).append(row)
+        if not decodes_one_of(row, hashes, ids):
+            stale.append(row)
+        else:
+            (inconsistent if disagreement(row, id_of_hash) else rows).append(row)
     difference = identity_difference(rows, columns)
     if difference:
         raise ConfigError(f"run directory {run_dir} holds rows of another setting ({difference}); use a new "
                           "hydra.run.dir or resume with the same settings")
     moved = move_damaged_files(run_dir)
-    pieces = found.set_aside + [Piece(0, dump(row), STALE) for row in stale]
+    pieces = (found.set_aside + [Piece(0, dump(row), STALE) for row in stale]
+              + [Piece(0, dump(row), INCONSISTENT) for row in inconsistent])
     path = run_dir / ROWS
     if pieces:
         with writing(run_dir / SET_ASIDE, run_dir):
@@ -456,6 +442,26 @@ def recover(run_dir: Path, prompts: list, columns: dict) -> Recovery:
         with writing(path, run_dir):
             write_atomic(path, clean)
     return Recovery(rows, pieces, moved)
+
+
+def disagreement(row: dict, id_of_hash: dict[str, str]) -> str | None:
+    """What makes a row read back on resume disagree with itself or with its prompt (a hand edit, a tampered
+    file), or None: its token lists against their counts and against ``identical_output``, and its ``prompt_id``
+    against the id the prompt set gives its ``prompt_hash``. Columns a row lacks (older rows) are not compared."""
+    for tokens, count in (("tokens", "emitted"), ("baseline_tokens", "baseline_emitted")):
+        if tokens in row or count in row:
+            listed = row.get(tokens)
+            if not isinstance(listed, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                       for t in listed):
+                return f"{tokens} is not a list of token ids"
+            if row.get(count) != len(listed):
+                return f"{count}={row.get(count)!r} but {tokens} holds {len(listed)}"
+    identical = row.get("identical_output")
+    if identical is not None and "tokens" in row and identical != (row["tokens"] == row.get("baseline_tokens")):
+        return f"identical_output={identical!r} disagrees with tokens and baseline_tokens"
+    if has_hash(row) and row["prompt_hash"] in id_of_hash and row["prompt_id"] != id_of_hash[row["prompt_hash"]]:
+        return f"prompt_id={row['prompt_id']!r} but its prompt_hash is prompt {id_of_hash[row['prompt_hash']]!r}'s"
+    return None
 
 
 def has_hash(row: dict) -> bool:

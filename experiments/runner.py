@@ -59,6 +59,7 @@ from specdec.results import (
 # the loaded pair (pair, device, dtype, and how transformers is called on it), or per batch (batch_size).
 UNSETTLED_COLUMNS = ("run_id", "group", "batch_size", "pair", "device", "dtype", "system_settings")
 LOADED_COLUMNS = ("pair", "device", "dtype", "system_settings")
+MIN_TIMED_CALLS = 4  # fewer timed generate calls per side than this, and a run says its speedup is noise
 
 
 @dataclass
@@ -417,11 +418,16 @@ def decode_prompts(cfg, setting: Setting, todo: list[tuple[int, object]], out_di
     eos = tokenizer.eos_token_id if cfg.stop_at_eos else None
     batches = [(number, batch) for number in dict.fromkeys(number for number, _ in todo)
                for batch in batched([prompt for n, prompt in todo if n == number], cfg.batch_size)]
+    if len(batches) < MIN_TIMED_CALLS:
+        print(f"warning: {len(batches)} timed call(s) per side (prompts={len(todo)}, batch_size="
+              f"{cfg.batch_size}): a speedup from fewer than {MIN_TIMED_CALLS} calls is noise; use num_prompts >= "
+              f"{MIN_TIMED_CALLS * cfg.batch_size}", file=sys.stderr)
     encoded = [encode(tokenizer, [p.text for p in batch], device) for _, batch in batches]
     side = TransformersSide(setting, pair) if setting.system.is_transformers else SpecdecSide(cfg, setting, pair)
     provenance = Provenance(**code_provenance(), target_weights=weights_hash(pair.target),
                             drafter_weights=side.drafter_weights(), processor=processor_name(device),
                             torch_threads=torch.get_num_threads())
+    logger.update_config({"provenance": asdict(provenance)})
     side.compile_seconds = warm_up(cfg, (baseline.generate, side.warm), encoded, device)
     side.profile(cfg, encoded[0])
     compiled_before = compilations()
@@ -490,8 +496,10 @@ class SpecdecSide:
 
     def measure(self, input_ids, mask, max_new_tokens, eos_token_id, seed) -> Measured:
         out = self.decoder.generate(input_ids, mask, max_new_tokens, eos_token_id, seed)
-        return Measured(out.tokens, lambda base, i: Metrics.measure(out.stats, base, i, self.k, self.tree,
-                                                                    self.compile_seconds, self.cost_ratio))
+        step_costs = self.decoder.draft_length.step_costs()
+        return Measured(out.tokens, lambda base, i: Metrics.measure(out.stats, base, i, self.tree,
+                                                                    self.compile_seconds, self.cost_ratio,
+                                                                    step_costs))
 
 
 class TransformersSide:

@@ -29,7 +29,7 @@ import transformers
 import specdec
 from experiments.harness import (
     Decoded, Method, Report, argument_parser, cost_profile, default_out_dir, fractions, markdown,
-    measured_cost_speedup, names_from, positive_int, positive_ints, random_prompts, run_interleaved,
+    names_from, positive_int, positive_ints, random_prompts, run_interleaved,
     transformers_configuration, transformers_generate,
 )
 from experiments.refusal import check_device, check_dtype, check_pair, check_readable_file, check_writable
@@ -199,7 +199,7 @@ def speculative_curves(pair, mode: str, acceptances, ks, args, clock, profile_pr
         for alpha in acceptances:
             measured_alpha = pooled_acceptance(tallies[alpha].stats)
             decode_speedup = decode_rate(tallies[alpha].stats) / base_decode_rate
-            predicted = measured_cost_speedup(measured_alpha, k, costs)
+            predicted = costs.speedup(measured_alpha, k)
             rows.append({
                 "mode": mode,
                 "acceptance": alpha,
@@ -210,10 +210,10 @@ def speculative_curves(pair, mode: str, acceptances, ks, args, clock, profile_pr
                 "speedup": round(tallies[alpha].tokens_per_s / tallies["baseline"].tokens_per_s, 2),
                 "decode_speedup": round(decode_speedup, 2),
                 "predicted_measured_costs": round(predicted, 2),
-                "predicted_leviathan": round(specdec.predicted_speedup(measured_alpha, k, costs.cost_ratio), 2),
+                "predicted_leviathan": round(specdec.predicted_speedup(measured_alpha, k, costs.cost_ratio()), 2),
                 "decode_vs_predicted": round(decode_speedup / predicted, 3),
-                "draft_ms": round(1000 * costs.draft_step, 2),
-                "target_ms": round(1000 * costs.target_step, 2),
+                "draft_ms": round(1000 * costs.draft_step(), 2),
+                "target_ms": round(1000 * costs.target_step(), 2),
                 "verify_ms": round(1000 * costs.verify(k), 2),
             })
         print(markdown(rows[-len(acceptances):]), flush=True)

@@ -22,6 +22,8 @@ import json
 import math
 import os
 import sys
+import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -40,21 +42,22 @@ from experiments.refusal import refuse_unknown_group_options
 from experiments.rundir import RunLock
 from specdec.checkpoints import target_identity
 from specdec.heads import EagleHead, MedusaHeads
-from specdec.models import DTYPES, SHAPED_PRESETS, ModelUnavailableError, load_config, load_pair, plan_pair, resolve_pair_ids
+from specdec.models import (DTYPES, SHAPED_PRESETS, ModelUnavailableError, load_config, load_pair, plan_pair,
+                            resolve_pair_ids)
+from specdec.results import config_difference
 from specdec.train import corpus as corpus_lib
 from specdec.train import data as data_lib
 from specdec.train.files import DamagedFile
 from specdec.train.loop import (KINDS, Best, Checkpoints, Ranks, Settings, TrainingData, TrainingStopped, barrier,
                                 build_family, frequent_tokens, heldout_batches, hidden_layers, print_line,
-                                start_ranks, train)
+                                start_ranks, train, vocabulary_coverage)
 from specdec.train.losses import DIVERGENCES
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TRAIN_CONFIGS = CONFIGS / "train"
 CONFIG_FILE = "train_config.yaml"
 GROUPS = ("pair", "drafter", "loss", "data", "logger")
-# Keys a resumed run may change: they do not change what is computed.
-RESUMABLE_CHANGES = ("resume", "max_minutes", "threads", "logger")
+STARTED = time.time()  # the command's start: max_wall_minutes counts from here
 OmegaConf.register_new_resolver("specdec_configs", lambda: str(CONFIGS), replace=True)
 
 
@@ -107,7 +110,7 @@ def train_from_config(cfg: DictConfig) -> None:
     try:
         plan = check(cfg, Path(HydraConfig.get().runtime.output_dir))
         texts = read_texts(plan)
-        with RunLock(plan.out):
+        with RunLock(plan.out) if int(os.environ.get("RANK", "0")) == 0 else nullcontext():  # rank 0 writes it
             run(plan, texts)
     except ConfigError as err:
         refuse(err)
@@ -189,6 +192,7 @@ RULES = [  # (key, rule, what is allowed)
     ("eval_every", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
     ("checkpoint_every", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
     ("max_minutes", lambda v: v is None or (is_number(v) and v > 0), "null or a number of minutes > 0"),
+    ("max_wall_minutes", lambda v: v is None or (is_number(v) and v > 0), "null or a number of minutes > 0"),
     ("heldout.first", lambda v: is_int(v) and v >= 0, "an integer >= 0"),
     ("heldout.count", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
     ("heldout.new_tokens", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
@@ -246,6 +250,7 @@ def check(cfg: DictConfig, run_dir: Path) -> Plan:
                         grad_clip=float(cfg.grad_clip), eval_every=cfg.eval_every,
                         checkpoint_every=cfg.checkpoint_every, k=cfg.heldout.k,
                         eval_batch_size=cfg.heldout.batch_size, max_minutes=cfg.max_minutes, seed=cfg.seed,
+                        wall_deadline=None if cfg.max_wall_minutes is None else STARTED + 60 * cfg.max_wall_minutes,
                         save_dtype=DTYPES[cfg.save_dtype])
     return Plan(settings, kind, make_head, objective, cfg.drafter.draft_vocab, data, pair,
                 dict(first=cfg.heldout.first, count=cfg.heldout.count, new_tokens=cfg.heldout.new_tokens),
@@ -365,16 +370,12 @@ def read_texts(plan: Plan) -> Texts:
     corpus too small for the data asked is refused here."""
     tokenizer = plan_pair(**plan.pair).tokenizer
     try:
-        corpus = corpus_lib.read_corpus(plan.data.corpus, plan.data.heldout_fraction)
+        corpus = plan.data.read_corpus()
         openings = plan.data.openings(corpus, tokenizer)
-        prompts = corpus_lib.heldout_prompts(corpus, tokenizer, plan.heldout["first"], plan.heldout["count"])
+        prompts = plan.data.heldout_texts(corpus, tokenizer, plan.heldout["first"], plan.heldout["count"])
     except (ValueError, OSError) as err:
         raise ConfigError(f"data: {one_line(err)}") from None
     return Texts(openings, prompts, corpus)
-
-
-def comparable(config: dict) -> dict:
-    return {key: value for key, value in config.items() if key not in RESUMABLE_CHANGES}
 
 
 def output_directory(resume: object, run_dir: Path, config: dict) -> tuple[Path, str | None]:
@@ -390,23 +391,15 @@ def output_directory(resume: object, run_dir: Path, config: dict) -> tuple[Path,
     directory = Path(str(resume)).expanduser()
     if not (directory / CONFIG_FILE).is_file():
         raise ConfigError(f"resume={resume!r} is not allowed: not a training run directory (no {CONFIG_FILE})")
-    difference = config_difference(directory, config)
+    difference = config_difference(saved_config(directory), config)
     if difference:
         raise ConfigError(f"resume={resume!r}: that run has another config ({difference}); resume with its settings")
     return directory, f"resuming {directory}"
 
 
-def config_difference(directory: Path, config: dict) -> str | None:
-    saved = comparable(saved_config(directory))
-    for key in sorted(set(saved) | set(comparable(config))):
-        if saved.get(key) != config.get(key):
-            return f"{key}: {saved.get(key)!r} there, {config.get(key)!r} here"
-    return None
-
-
 def same_config(directory: Path, config: dict) -> bool:
     try:
-        return config_difference(directory, config) is None
+        return config_difference(saved_config(directory), config) is None
     except ConfigError:  # a damaged run directory is not one to continue
         return False
 
@@ -455,7 +448,7 @@ def run(plan: Plan, texts: Texts) -> None:
     say(f"target: {target_identity(target).describe()}; training drafter={plan.kind} with "
         f"loss={plan.settings.divergence} into {plan.out}")
     directory, sequences = write_data(plan, pair, texts, ranks, say)
-    draft_ids = None
+    draft_ids, coverage, heldout_coverage = None, None, None  # the held-out coverage is measured on the main rank
     if plan.draft_vocab is not None:
         draft_ids, coverage = frequent_tokens(sequences, plan.draft_vocab)
         say(f"draft vocabulary: the {len(draft_ids)} most frequent tokens, {coverage:.1%} of the trained-on tokens")
@@ -471,10 +464,15 @@ def run(plan: Plan, texts: Texts) -> None:
                                                  target, plan.heldout["new_tokens"])
         heldout = heldout_batches(heldout_sequences, family, target, next(target.parameters()).device,
                                   plan.settings.eval_batch_size)
+        if draft_ids is not None:
+            heldout_coverage = vocabulary_coverage(draft_ids, heldout_sequences)
+            say(f"draft vocabulary: {heldout_coverage:.1%} of the held-out tokens (the target's greedy ones) are "
+                f"inside it, a ceiling on a_1")
     barrier(ranks)
     info = {"data": {"kind": type(plan.data).__name__, **asdict(plan.data)}, "loss": plan.settings.divergence,
             "steps": plan.settings.steps, "batch_size": plan.settings.batch_size, "lr": plan.settings.lr,
-            "draft_vocab": plan.draft_vocab, "hidden_states": hidden.reason,
+            "draft_vocab": plan.draft_vocab, "draft_vocab_coverage": None if draft_ids is None else
+            {"trained_on": coverage, "heldout": heldout_coverage}, "hidden_states": hidden.reason,
             "config": {"drafter": plan.config["drafter"]}}
     if ranks.main:
         plan.logger.start(run_id(plan.out), plan.out.name, plan.out.name, plan.config, plan.out)
@@ -488,9 +486,11 @@ def run(plan: Plan, texts: Texts) -> None:
         bar.set_postfix(loss=f"{loss:.4f}", tau=f"{best.tau:.3f}" if best.tau > 0 else "-", loop_tau=walked,
                         refresh=False)
 
-    outcome = train(plan.settings, family, target, TrainingData(sequences, hidden.values),
-                    heldout, plan.out, ranks, plan.logger, info, progress)
-    bar.close()
+    try:
+        outcome = train(plan.settings, family, target, TrainingData(sequences, hidden.values),
+                        heldout, plan.out, ranks, plan.logger, info, progress)
+    finally:
+        bar.close()
     if ranks.main:
         write_summary(plan, outcome, parameters)
     barrier(ranks)
@@ -502,7 +502,7 @@ def write_data(plan: Plan, pair, texts: Texts, ranks: Ranks, say) -> tuple[Path,
     models = {"target": pair.target} if plan.data.writer != "draft" else writers
     directory = data_lib.data_directory(plan.data_dir, plan.data, texts.corpus, models, pair.tokenizer)
     openings = texts.openings
-    bar = tqdm(desc="data shards", disable=not ranks.main, dynamic_ncols=True)
+    bar = tqdm(desc="data sequences", unit="seq", disable=not ranks.main, dynamic_ncols=True)
     data_lib.write_sequences(directory, plan.data, openings, pair.tokenizer, writers, ranks.rank, ranks.world,
                              progress_of(bar))
     bar.close()
@@ -517,6 +517,7 @@ def progress_of(bar: tqdm):
     def progress(done: int, total: int) -> None:
         bar.total = total
         bar.update(done - bar.n)
+        bar.refresh()
     return progress
 
 
@@ -564,7 +565,8 @@ def write_summary(plan: Plan, outcome, parameters: int) -> None:
         (plan.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     plan.logger.finish([], summary, failed=False)
     walked = "-" if best.walked_tau is None else f"{best.walked_tau:.3f}"
-    state = "done" if outcome.finished else f"stopped at step {outcome.steps} (max_minutes); resume={plan.out} continues"
+    state = "done" if outcome.finished else (f"stopped at step {outcome.steps} (max_minutes or max_wall_minutes); "
+                                             f"resume={plan.out} continues")
     print_line(f"{state}: best simulated tau {best.tau:.3f} at step {best.step} (k = {plan.settings.k}, a_i "
                f"{', '.join(f'{a:.3f}' for a in best.per_position)}; the loop's tau, walked: {walked}) in "
                f"{outcome.seconds / 60:.1f} min")

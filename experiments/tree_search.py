@@ -12,7 +12,7 @@ prediction.
    children at depth i). Printed as per-position acceptance by rank. A ``*-shaped`` pair (random weights) is judged
    by ``SyntheticAcceptance`` on a per-position schedule a_i instead, where a node at depth i is kept with
    probability a_i, so depth i is reached with probability prod_{t<=i} (1 - (1 - a_t)^b_t).
-2. Costs, on this machine: the target's forward verifying N nodes (tree mask) or k + 1 tokens (chain), the draft's
+2. Costs, on this machine (``specdec.costs.CostModel``, the library's one cost model): the target's forward verifying N nodes (tree mask) or k + 1 tokens (chain), the draft's
    forward of each level's width (rounds of specdec.profile's timers, fitted non-decreasing), and the loop's own
    time per step beyond its forwards, timed inside short runs of the baseline, a chain and a tree on the profile
    prompts.
@@ -47,6 +47,7 @@ from experiments.harness import (
 from experiments.refusal import check_device, check_pair, check_writable
 from specdec import Clock
 from specdec.batching import left_pad
+from specdec.costs import CostModel, CostTable, monotone
 from specdec.models import SHAPED_PRESETS
 from specdec.profile import time_forwards, time_tree_forwards
 from specdec.train.losses import walk_trace
@@ -267,37 +268,10 @@ def greedy_traces(pair, prompts: list[list[int]], max_new_tokens: int) -> RankTr
 # --- costs ------------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Costs:
-    """Seconds on this machine: forwards (the fastest of their repeats, batch 1) and the loop's time per step
-    beyond them."""
-
-    target_chain: dict[int, float]  # n tokens, causal (a chain's verify of k + 1, the baseline's step of 1)
-    target_tree: dict[int, float]  # N nodes under a tree mask (N + 1 tokens)
-    draft_chain: dict[int, float]  # n tokens, causal
-    draft_tree: dict[int, float]  # N nodes under a tree mask after the root (N + 1 tokens)
-    overhead: dict[str, float]  # "baseline", "chain", "tree": the loop's seconds per step beyond its forwards
-
-    def forwards(self, branching: tuple[int, ...]) -> float:
-        """The forwards of one step: a chain's k draft steps and its verify; a tree's root feed, one draft forward
-        per level but the last, and its verify."""
-        if is_chain(branching):
-            k = len(branching)
-            return k * self.draft_chain[1] + self.target_chain[k + 1]
-        levels = level_widths(branching)[:-1]
-        return (self.draft_chain[1] + sum(self.draft_tree[width - 1] if width > 1 else self.draft_chain[1]
-                                          for width in levels) + self.target_tree[num_nodes(branching)])
-
-    def step(self, branching: tuple[int, ...]) -> float:
-        return self.forwards(branching) + self.overhead["chain" if is_chain(branching) else "tree"]
-
-    @property
-    def baseline_step(self) -> float:
-        return self.target_chain[1] + self.overhead["baseline"]
-
-
-def forward_costs(pair, shapes: list[tuple[int, ...]], repeats: int, clock: Clock) -> Costs:
-    """Every forward the shapes need (``interleaved_costs``), over a cache of ``COST_CONTEXT`` random tokens."""
+def forward_costs(pair, shapes: list[tuple[int, ...]], repeats: int, clock: Clock) -> CostModel:
+    """Every forward the shapes need (``interleaved_costs``), over a cache of ``COST_CONTEXT`` random tokens, at
+    batch 1, as the library's cost model (``specdec.costs``); the loop's overheads are calibrated apart
+    (``calibrate_overheads``)."""
     vocab = pair.target.config.vocab_size
     prompt = torch.tensor(random_prompts(1, COST_CONTEXT, vocab), device=pair.target.device)  # [1, C]
     chains = sorted({len(s) + 1 for s in shapes if is_chain(s)} | {1})
@@ -305,7 +279,10 @@ def forward_costs(pair, shapes: list[tuple[int, ...]], repeats: int, clock: Cloc
     draft_trees = sorted({w - 1 for s in shapes if not is_chain(s) for w in level_widths(s)[:-1] if w > 1})
     target_chain, target_tree = interleaved_costs(pair.target, prompt, chains, trees, repeats, clock)
     draft_chain, draft_tree = interleaved_costs(pair.draft, prompt, [1], draft_trees, repeats, clock)
-    return Costs(monotone(target_chain), monotone(target_tree), draft_chain, monotone(draft_tree), overhead={})
+    tables = [CostTable.of_widths(costs) if costs else None
+              for costs in (monotone(target_chain), draft_chain, monotone(target_tree), monotone(draft_tree))]
+    weight = next(pair.target.parameters())
+    return CostModel(*tables, setting=f"{weight.device.type}, {str(weight.dtype).removeprefix('torch.')}")
 
 
 def interleaved_costs(model, prompt: torch.Tensor, widths: list[int], node_counts: list[int], repeats: int,
@@ -322,20 +299,6 @@ def interleaved_costs(model, prompt: torch.Tensor, widths: list[int], node_count
             tree_rounds.append(time_tree_forwards(model, prompt, node_counts, repeats=1, warmup=1, clock=clock))
     return ({n: min(r[n] for r in chain_rounds) for n in widths},
             {n: min(r[n] for r in tree_rounds) for n in node_counts})
-
-
-def monotone(costs: dict[int, float]) -> dict[int, float]:
-    """Costs by size fitted non-decreasing (isotonic regression, pool adjacent violators): a forward of more tokens
-    never costs less, so a dip is noise (and a search would exploit it); a spike is averaged with its neighbours
-    rather than carried to every larger size."""
-    blocks: list[list[float]] = []  # [mean, count] of pooled runs of sizes
-    for n in sorted(costs):
-        blocks.append([costs[n], 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (upper, m), (lower, k) = blocks.pop(), blocks.pop()
-            blocks.append([(upper * m + lower * k) / (m + k), m + k])
-    fitted = [mean for mean, count in blocks for _ in range(int(count))]
-    return dict(zip(sorted(costs), fitted))
 
 
 # --- decoding ---------------------------------------------------------------------------------------------------
@@ -356,7 +319,7 @@ def decode_method(decoder: specdec.Decoder, pair, max_new_tokens: int) -> Method
     return Method(run)
 
 
-def calibrate_overheads(pair, prompts, strategy, costs: Costs, args, clock: Clock) -> None:
+def calibrate_overheads(pair, prompts, strategy, costs: CostModel, args, clock: Clock) -> None:
     """The loop's seconds per step beyond its forwards, per kind of step: short runs on the profile prompts with
     every forward of both models timed inside them, (wall - forwards) / target calls. Measured apart from the
     forwards, so that a burst of load on a shared machine during these few runs cannot move the forward costs."""
@@ -368,10 +331,11 @@ def calibrate_overheads(pair, prompts, strategy, costs: Costs, args, clock: Cloc
         costs.overhead[kind] = (tally.seconds - tally.forward_seconds) / sum(s.target_calls for s in tally.stats)
 
 
-def cost_rows(costs: Costs) -> list[dict]:
+def cost_rows(costs: CostModel) -> list[dict]:
     """One row per width n: the target's forward of n tokens and its tree of n nodes, the draft's tree of n nodes."""
-    columns = {"target, n tokens": costs.target_chain, "target, tree of n nodes": costs.target_tree,
-               "draft, n tokens": costs.draft_chain, "draft, tree of n nodes": costs.draft_tree}
+    tables = {"target, n tokens": costs.target, "target, tree of n nodes": costs.target_tree,
+              "draft, n tokens": costs.draft, "draft, tree of n nodes": costs.draft_tree}
+    columns = {name: table.seconds[1] if table is not None else {} for name, table in tables.items()}
     widths = sorted(set().union(*columns.values()))
     return [{"n": n, **{name: round(1000 * seconds[n], 2) if n in seconds else "" for name, seconds in
                         columns.items()}} for n in widths]
@@ -380,16 +344,16 @@ def cost_rows(costs: Costs) -> list[dict]:
 # --- search and check -------------------------------------------------------------------------------------------
 
 
-def prediction(branching: tuple[int, ...], acceptance, costs: Costs) -> dict:
+def prediction(branching: tuple[int, ...], acceptance, costs: CostModel) -> dict:
     steps = acceptance.steps(branching)
-    speedup = steps.decode_tau * costs.baseline_step / costs.step(branching)
+    speedup = steps.decode_tau * costs.baseline_step() / costs.step(branching)
     return {"shape": label(branching), "nodes": num_nodes(branching), "predicted tau": round(steps.tau, 3),
             "step ms": round(1000 * costs.step(branching), 2), "predicted speedup": round(speedup, 3)}
 
 
-def search(acceptance, costs: Costs, shapes: list[tuple[int, ...]]) -> list[tuple[float, tuple[int, ...]]]:
+def search(acceptance, costs: CostModel, shapes: list[tuple[int, ...]]) -> list[tuple[float, tuple[int, ...]]]:
     """(predicted decode speedup, shape) for every shape, best first."""
-    scored = [(acceptance.steps(s).decode_tau * costs.baseline_step / costs.step(s), s) for s in shapes]
+    scored = [(acceptance.steps(s).decode_tau * costs.baseline_step() / costs.step(s), s) for s in shapes]
     return sorted(scored, key=lambda item: -item[0])
 
 
@@ -475,7 +439,7 @@ def main(argv=None) -> None:
     for shape in checked:
         predicted = prediction(shape, held_out_acceptance, costs)
         got = measured[shape]
-        at_measured_tau = got["decode tau"] * costs.baseline_step / costs.step(shape)  # the costs' prediction alone
+        at_measured_tau = got["decode tau"] * costs.baseline_step() / costs.step(shape)  # the costs' prediction alone
         rows.append({"method": label(shape), "nodes": num_nodes(shape),
                      "predicted speedup (profile)": prediction(shape, acceptance, costs)["predicted speedup"],
                      "predicted tau": predicted["predicted tau"], "measured tau": round(got["tau"], 3),
@@ -497,7 +461,7 @@ def main(argv=None) -> None:
     config = write_config(best_tree, args.config_dir, args.config_name, setting,
                           rows[0]["predicted speedup (profile)"])
     report.add(f"Wrote `{config}` (branching {list(best_tree)}).")
-    report.write(args.out / "tree_search.md", {"setting": setting, "costs": vars(costs), "checked": rows,
+    report.write(args.out / "tree_search.md", {"setting": setting, "costs": costs.to_json(), "checked": rows,
                                           "chosen": list(best_tree)})
 
 

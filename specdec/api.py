@@ -107,6 +107,8 @@ class Decoder:
         # The target's hidden states the drafter reads, as indices into its layers: () where it reads none.
         request = drafter.target_states
         self.state_layers = () if request is None else request.resolved(self.runner.num_layers)
+        if self.speculates:
+            draft_length.bind(target, drafter, forward)
         self.verifier = choose_verifier(drafter.proposes_nothing, self.strategy, sampling)
         self.device_program = self.choose_step(step)
         self.busy = threading.Lock()

@@ -14,12 +14,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 CONFIG_FILE = "drafter.json"
 WEIGHTS_FILE = "weights.safetensors"
 FINGERPRINT_VALUES = 4096  # values sampled from each parameter for the fingerprint
+OPTIONS_KEY = "options"  # the weights file's metadata: the options they were trained with, as JSON
+IDENTITY_FIELDS = ("architecture", "num_parameters", "fingerprint")
+
+
+class CheckpointNotFoundError(FileNotFoundError, ValueError):
+    """A checkpoint directory without a drafter in it: a missing file, and a bad argument for the callers that
+    refuse those (the apps' one refusal path turns every ValueError into one line)."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +67,7 @@ def save_drafter(directory: str | Path, kind: str, module: nn.Module, options: d
     tensors = {name: (tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor)
                .detach().cpu().clone() for name, tensor in module.state_dict().items()}
     partial = directory / (WEIGHTS_FILE + ".partial")
-    save_file(tensors, str(partial))
+    save_file(tensors, str(partial), metadata={OPTIONS_KEY: canonical(options)})
     partial.replace(directory / WEIGHTS_FILE)
     config = {"kind": kind, "options": options, "target": asdict(target_identity(target)), "training": training or {}}
     partial = directory / (CONFIG_FILE + ".partial")
@@ -95,15 +103,31 @@ def read_drafter_config(directory: str | Path, kind: str) -> dict:
     """A checkpoint's config, refusing in one line a directory that holds none or another kind of drafter."""
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{directory} holds no trained drafter ({CONFIG_FILE} is missing); train one with "
+        raise CheckpointNotFoundError(f"{directory} holds no trained drafter ({CONFIG_FILE} is missing); train one with "
                                 f"python -m experiments.train_drafter")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path} cannot be read as a drafter config: {error}") from None
-    if config.get("kind") != kind:
-        raise ValueError(f"{directory} holds a {config.get('kind')!r} drafter, not a {kind!r} one")
+    check_config_fields(path, config)
+    if config["kind"] != kind:
+        raise ValueError(f"{directory} holds a {config['kind']!r} drafter, not a {kind!r} one")
     return config
+
+
+def check_config_fields(path: Path, config: object) -> None:
+    """A drafter config is an object with a kind, its options (an object) and its target's identity."""
+    damaged = f"{path} is damaged: restore it from the run that trained the drafter, or train again"
+    if not isinstance(config, dict):
+        raise ValueError(f"{damaged} (it holds a JSON {type(config).__name__}, not an object)")
+    missing = [key for key in ("kind", "options", "target") if key not in config]
+    if missing:
+        raise ValueError(f"{damaged} (no {', '.join(repr(key) for key in missing)})")
+    if not isinstance(config["options"], dict):
+        raise ValueError(f"{damaged} (its 'options' is not an object)")
+    target = config["target"]
+    if not isinstance(target, dict) or sorted(target) != sorted(IDENTITY_FIELDS):
+        raise ValueError(f"{damaged} (its 'target' must hold exactly {', '.join(IDENTITY_FIELDS)})")
 
 
 def check_target(directory: str | Path, config: dict, target: nn.Module) -> None:
@@ -116,10 +140,49 @@ def check_target(directory: str | Path, config: dict, target: nn.Module) -> None
 
 
 def load_weights(directory: str | Path, module: nn.Module) -> nn.Module:
-    """``module`` with the checkpoint's parameters (cast to the module's dtype and device), in eval mode."""
-    state, own = load_file(str(Path(directory) / WEIGHTS_FILE)), module.state_dict()
+    """``module`` with the checkpoint's parameters (cast to the module's dtype and device), in eval mode. Refused
+    in one line where the module, built from ``drafter.json``'s options, is not what the weights were saved as."""
+    path = Path(directory) / WEIGHTS_FILE
+    check_saved_options(path, getattr(module, "options", None))
+    try:
+        state = load_file(str(path))
+    except (OSError, SafetensorError) as error:
+        raise unreadable(path, error) from None
+    own = module.state_dict()
     unknown = sorted(set(state) ^ set(own))
     if unknown:
         raise ValueError(f"the weights in {directory} do not fit this drafter's options: {unknown[:4]} differ")
+    misshapen = [name for name in state if state[name].shape != own[name].shape]
+    if misshapen:
+        name = misshapen[0]
+        raise ValueError(f"the weights in {directory} do not fit this drafter's options: {name} is "
+                         f"{list(state[name].shape)} there, {list(own[name].shape)} here")
     module.load_state_dict({name: tensor.to(own[name].device, own[name].dtype) for name, tensor in state.items()})
     return module.eval().requires_grad_(False)
+
+
+def check_saved_options(path: Path, options: dict | None) -> None:
+    """The options the weights were saved with (their file's metadata; files from before it was written hold none)
+    against ``options``: an edited ``drafter.json`` whose shapes still match would load wrong weights silently."""
+    if not path.is_file():
+        raise CheckpointNotFoundError(f"{path} is missing: the drafter in {path.parent} has a config but no weights; "
+                                f"train it again")
+    try:
+        with safe_open(str(path), "pt") as weights:
+            saved = (weights.metadata() or {}).get(OPTIONS_KEY)
+    except (OSError, SafetensorError) as error:
+        raise unreadable(path, error) from None
+    if saved is not None and options is not None and saved != canonical(options):
+        raise ValueError(f"{path.parent / CONFIG_FILE} gives options {canonical(options)}, but its weights were saved "
+                         f"with {saved}: restore the file's options (or train again)")
+
+
+def unreadable(path: Path, error: Exception) -> ValueError:
+    reason = (str(error).splitlines() or [type(error).__name__])[0][:160]
+    return ValueError(f"{path} cannot be read ({reason}): restore it from the run that trained the drafter, or train "
+                      f"again")
+
+
+def canonical(options: dict) -> str:
+    """Options as one comparable JSON line (keys sorted)."""
+    return json.dumps(options, sort_keys=True)

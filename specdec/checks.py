@@ -254,6 +254,34 @@ def check_children_fit_vocabulary(name: str, children: int, vocab_size: int) -> 
                          f"{vocab_size} tokens holds (a node's children are distinct tokens)")
 
 
+def check_draft_ids(draft_ids: object, vocab_size: int) -> list[int]:
+    """A reduced draft vocabulary as sorted distinct token ids of a vocabulary of ``vocab_size``: a non-empty
+    sequence of integers in [0, vocab_size) (an empty one would leave the draft nothing to propose)."""
+    if isinstance(draft_ids, torch.Tensor):
+        draft_ids = draft_ids.tolist()
+    ids = token_ids(draft_ids) if not isinstance(draft_ids, (int, numbers.Integral)) else None
+    if ids is None:
+        shown = "an empty list" if hasattr(draft_ids, "__len__") and not len(draft_ids) else described(draft_ids)
+        raise ValueError(f"draft_ids must be a non-empty list of token ids (or None for the whole vocabulary), got "
+                         f"{shown}")
+    outside = [i for i in ids if not 0 <= i < vocab_size]
+    if outside:
+        raise ValueError(f"draft_ids holds token id {outside[0]}, outside the target's vocabulary [0, {vocab_size})")
+    return sorted(set(ids))
+
+
+def check_placement(name: str, module: torch.nn.Module, target: torch.nn.Module) -> None:
+    """Every floating tensor of ``module`` (a head that runs beside ``target``, reading its embedding and LM head)
+    on the target's device and in its dtype: refused, not cast, so the caller's module is never changed behind its
+    back (``from_pretrained`` builds heads in the target's dtype and device)."""
+    reference = next(target.parameters())
+    for tensor_name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        if tensor.is_floating_point() and (tensor.dtype != reference.dtype or tensor.device != reference.device):
+            raise ValueError(f"{name}: {tensor_name} is {str(tensor.dtype).removeprefix('torch.')} on "
+                             f"{tensor.device}, the target {str(reference.dtype).removeprefix('torch.')} on "
+                             f"{reference.device}; move it with .to(target.device, target.dtype) first")
+
+
 def check_strategy_object(strategy: object) -> None:
     """An acceptance strategy instance, or a plain callable rule (``interfaces.as_strategy`` wraps it). A strategy
     class is refused: as a callable it would be wrapped as a rule, and each step would call its constructor."""

@@ -119,6 +119,10 @@ class CrossTokenizerDrafter(ModelDrafter):
                    target_vocab_size=pair.target.config.vocab_size, compile=compile, forward=forward, **options)
 
     @classmethod
+    def reads_draft_model(cls, **options) -> bool:
+        return True
+
+    @classmethod
     def check_options(cls, compile: bool = False, forward: str = "auto", **options) -> None:
         unknown = set(options) - set(OPTIONS)
         if unknown:

@@ -140,8 +140,8 @@ class HostRun(DecodeRun):
         )
 
     def retire_finished(self, num_active: int) -> None:
-        """Drop the rows that finished from the batch: from the rows here, the target's context and the drafter,
-        each by its owner. Results stay in place, indexed by original row. (``nonzero`` syncs, but only after the
+        """Drop the rows that finished from the batch: from the rows here, the target's context, the drafter and
+        the policy, each by its owner. Results stay in place, indexed by original row. (``nonzero`` syncs, but only after the
         step's sync, in the few steps where rows finish.)"""
         if not (self.decoder.retires_rows and 0 < num_active < len(self.rows.original)):
             return
@@ -150,6 +150,7 @@ class HostRun(DecodeRun):
         self.rows = self.rows.select(keep)
         self.target.select_rows(keep)
         self.decoder.drafter.select_rows(keep)
+        self.decoder.draft_length.select_rows(keep)
         self.all_active = True
 
 

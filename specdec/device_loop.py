@@ -75,6 +75,8 @@ class DeviceProgram:
     def __init__(self, decoder):
         self.decoder = decoder
         self.captures: dict[tuple, Capture] = {}
+        self.num_captured = 0  # steps captured as CUDA graphs, over the program's calls
+        self.num_replayed = 0  # steps run as a replay of a captured graph
 
     def run(self, input_ids, attention_mask, max_new_tokens: int, eos_ids, seed: int) -> GenerationOutput:
         return DeviceRun(self, input_ids, attention_mask, max_new_tokens, eos_ids, seed).run()
@@ -117,6 +119,7 @@ class DeviceRun(DecodeRun):
                 replay = self.kept_capture() or (self.captured_step() if settled else None)
             if replay is not None:
                 flags = replay()
+                self.program.num_replayed += 1
                 self.note_replay()
                 unread.append(self.stash(flags))
                 continue
@@ -168,6 +171,7 @@ class DeviceRun(DecodeRun):
         drafter = self.decoder.drafter
         forwards = drafter.num_forwards  # capturing runs the step's Python, but none of its work
         replay = self.capture()
+        self.program.num_captured += 1
         self.capture_record = Capture(replay, self.generator, self.device_state(), self.last_layout,
                                       self.last_overlap_is_acceptance, drafter.num_forwards - forwards)
         drafter.num_forwards, self.steps = forwards, self.steps - 1

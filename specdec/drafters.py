@@ -153,6 +153,10 @@ class ModelDrafter(CachedDrafter):
         return cls(draft, compile=compile, forward=forward, **options)
 
     @classmethod
+    def reads_draft_model(cls, checkpoint: str | None = None, **options) -> bool:
+        return checkpoint is None
+
+    @classmethod
     def check_options(cls, compile: bool = False, forward: str = "auto", checkpoint: str | None = None,
                       **options) -> None:
         unknown = set(options) - {"label", "cache_layout", "num_drafts"}
@@ -254,6 +258,10 @@ class TreeDrafter(CachedDrafter):
     def from_pair(cls, pair, compile: bool = False, forward: str = "auto", **options) -> TreeDrafter:
         cls.check_options(compile=compile, forward=forward, **options)
         return cls(pair.draft, forward=forward, **options)
+
+    @classmethod
+    def reads_draft_model(cls, **options) -> bool:
+        return True
 
     @classmethod
     def check_options(cls, compile: bool = False, forward: str = "auto", branching=(2, 2, 1, 1), **options) -> None:

@@ -182,6 +182,10 @@ class DynamicTreeDrafter(CachedDrafter):
         return cls(pair.draft, forward=forward, **options)
 
     @classmethod
+    def reads_draft_model(cls, **options) -> bool:
+        return True
+
+    @classmethod
     def check_options(cls, compile: bool = False, forward: str = "auto", node_budget: int = 16, depth: int = 5,
                       top_k: int = 4, **options) -> None:
         unknown = set(options) - {"label"}

@@ -22,10 +22,11 @@ import torch
 
 from specdec.cache import static_capacity
 from specdec.checkpoints import check_target, load_weights, read_drafter_config
+from specdec.checks import check_children_fit_vocabulary, check_draft_ids, check_model, check_placement
 from specdec.context import CachedContext
-from specdec.drafters import DRAFT_ROOM_GUESS, CachedDrafter, draft_chain
+from specdec.drafters import DRAFT_ROOM_GUESS, CachedDrafter, as_branching, draft_chain
 from specdec.dynamic_tree import CandidateTree, DynamicTreeDrafter, check_tree_size, grow_tree
-from specdec.heads import EagleHead, target_width
+from specdec.heads import EagleHead, target_head_weight, target_width
 from specdec.interfaces import StopHook
 from specdec.layout import Proposal, RowTreeLayout
 from specdec.models import EMBEDDED_DIR
@@ -38,23 +39,23 @@ SHIPPED = {"embedded": EMBEDDED_DIR / "heads" / "eagle"}  # checkpoint names tha
 
 class EagleDrafter(CachedDrafter):
     """Drafts with ``head``, trained for ``target`` (see the module docstring). ``tree``: (node_budget, depth,
-    top_k) for EAGLE-2's dynamic trees; None drafts chains."""
+    top_k) for EAGLE-2's dynamic trees; None drafts chains.
+
+    The constructor refuses, in one line, what generate could not run (``check_head_fits``): a head in another
+    dtype or on another device than its target (refused, not cast: move it with ``head.to(...)``;
+    ``from_pretrained`` builds it in the target's), of another width, family or depth of features, a reduced
+    vocabulary outside the target's, and a tree that is not three sizes or whose top_k exceeds the draft's
+    vocabulary."""
 
     name = "eagle"
     trusted_proposals = True
 
     def __init__(self, head: EagleHead, target: torch.nn.Module, tree: tuple[int, int, int] | None = None,
                  compile: bool = False):
-        if not isinstance(head, EagleHead):
-            raise TypeError(f"head must be a specdec.heads.EagleHead, got {type(head).__name__}")
-        if head.fc.in_features != 2 * target_width(target):
-            raise ValueError(f"the EAGLE head reads features of width {head.fc.in_features // 2}; the target's are "
-                             f"{target_width(target)} wide")
-        self.tree = None if tree is None else tuple(tree)
+        check_head_fits(head, target)
+        self.tree = dynamic_tree_sizes(tree, compile)
         if self.tree is not None:
-            check_tree_size(*self.tree)
-            if compile:
-                raise ValueError("dynamic trees run eager: compile=True cannot draft EAGLE trees")
+            check_children_fit_vocabulary(f"tree top_k={self.tree[2]}", self.tree[2], draft_vocab_size(head, target))
         self.head, self.target = head.eval().requires_grad_(False), target
         self.drafts_trees = self.tree is not None
         self.target_states = StateRequest(layers=head.feature_layers, positions="emitted")
@@ -75,8 +76,7 @@ class EagleDrafter(CachedDrafter):
     def from_pair(cls, pair, compile: bool = False, forward: str = "auto", checkpoint: str = "embedded",
                   tree: list[int] | None = None) -> EagleDrafter:
         cls.check_options(compile=compile, forward=forward, checkpoint=checkpoint, tree=tree)
-        return cls.from_pretrained(SHIPPED.get(checkpoint, checkpoint), pair.target, compile=compile,
-                                   tree=None if tree is None else tuple(tree))
+        return cls.from_pretrained(SHIPPED.get(checkpoint, checkpoint), pair.target, compile=compile, tree=tree)
 
     @classmethod
     def check_options(cls, compile: bool = False, forward: str = "auto", checkpoint: str = "embedded",
@@ -85,12 +85,7 @@ class EagleDrafter(CachedDrafter):
             raise ValueError("an EAGLE head runs its block through the lean forward: forward must be auto or lean")
         directory = Path(SHIPPED.get(checkpoint, checkpoint))
         read_drafter_config(directory, "eagle")
-        if tree is not None:
-            if len(tree) != 3:
-                raise ValueError(f"tree must be [node_budget, depth, top_k], got {list(tree)}")
-            check_tree_size(*tree)
-            if compile:
-                raise ValueError("dynamic trees run eager: compile=true cannot draft EAGLE trees")
+        dynamic_tree_sizes(tree, compile)
 
     def models(self) -> list[torch.nn.Module]:
         return [self.head.body]
@@ -163,3 +158,40 @@ class EagleDrafter(CachedDrafter):
             kept, max_kept = queue[:, :0].bool(), None
         context.keep(kept, True, max_kept, queue, valid, features)
         self.live = None if outcome.all_active_after else outcome.active_after
+
+
+def dynamic_tree_sizes(tree: object, compile: bool = False) -> tuple[int, int, int] | None:
+    """``tree`` as (node_budget, depth, top_k), or None for chains: a sequence of three sizes (a list, tuple or a
+    config's list; not a string, whose characters would unpack), each checked by ``check_tree_size``. Trees run
+    eager, so not with ``compile``."""
+    if tree is None:
+        return None
+    sizes = as_branching(tree)
+    if not isinstance(sizes, tuple) or len(sizes) != 3:
+        raise ValueError(f"tree must be [node_budget, depth, top_k] (three integers) or None, got {tree!r}")
+    check_tree_size(*sizes)
+    if compile:
+        raise ValueError("dynamic trees run eager: compile=True cannot draft EAGLE trees")
+    return sizes
+
+
+def draft_vocab_size(head: EagleHead, target: torch.nn.Module) -> int:
+    """How many tokens the head can draft: its reduced vocabulary's, else the target's."""
+    return head.draft_ids.numel() if head.reduced else target_head_weight(target).shape[0]
+
+
+def check_head_fits(head: object, target: torch.nn.Module) -> None:
+    """Everything ``generate`` will need of ``head`` beside ``target``, checked before any forward, in one line."""
+    if not isinstance(head, EagleHead):
+        raise TypeError(f"head must be a specdec.heads.EagleHead, got {type(head).__name__}")
+    check_model("target", target)
+    if type(head.body) is not type(target):
+        raise ValueError(f"the EAGLE head runs a {type(head.body).__name__} block; the target is a "
+                         f"{type(target).__name__}: build the head for this target")
+    if head.fc.in_features != 2 * target_width(target):
+        raise ValueError(f"the EAGLE head reads features of width {head.fc.in_features // 2}; the target's are "
+                         f"{target_width(target)} wide")
+    check_placement("the EAGLE head", head, target)
+    StateRequest(layers=head.feature_layers).resolved(target.config.num_hidden_layers)
+    if head.reduced:
+        check_draft_ids(head.draft_ids, target_head_weight(target).shape[0])

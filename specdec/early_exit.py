@@ -85,6 +85,10 @@ class EarlyExitDrafter(ModelDrafter):
         return cls(pair.target, forward=forward, **options)
 
     @classmethod
+    def reads_draft_model(cls, **options) -> bool:
+        return False  # the target's own first layers
+
+    @classmethod
     def check_options(cls, compile: bool = False, forward: str = "auto", num_layers=None, **options) -> None:
         if options:
             raise TypeError(f"EarlyExitDrafter got unknown options {sorted(options)}; it takes num_layers")

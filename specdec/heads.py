@@ -25,7 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.checks import check_draft_ids, check_draft_length
 from specdec.lean import FAMILIES, LeanForward, lean_support
+from specdec.types import StateRequest
 
 
 def target_width(target: nn.Module) -> int:
@@ -82,7 +84,8 @@ class EagleHead(nn.Module):
     ``feature_layers``: the target's hidden states it reads (``StateRequest`` numbering; (-1,) the last, EAGLE-1;
     three, a low, a middle and a high layer, fused by a linear map as EAGLE-3 does). ``width``: the block's width
     (default the target's). ``init_from_last_layer``: start the block (and, at the target's width, its norm and
-    positions) from the target's last block. ``draft_ids``: a reduced draft vocabulary (token ids), or None.
+    positions) from the target's last block. ``draft_ids``: a reduced draft vocabulary (a non-empty list of distinct
+    token ids of the target's vocabulary), or None for the whole vocabulary. Each is checked here, in one line.
     """
 
     kind = "eagle"
@@ -92,8 +95,11 @@ class EagleHead(nn.Module):
         super().__init__()
         check_family(target)
         dim = target_width(target)
-        width = width or dim
+        width = dim if width is None else check_draft_length("width", width)
         self.feature_layers = tuple(feature_layers)
+        StateRequest(layers=self.feature_layers).resolved(target.config.num_hidden_layers)
+        if draft_ids is not None:
+            draft_ids = check_draft_ids(draft_ids, target_head_weight(target).shape[0])
         self.options = {"feature_layers": list(self.feature_layers), "width": width,
                         "draft_vocab": None if draft_ids is None else len(draft_ids)}
         parameter = next(target.parameters())
@@ -103,8 +109,7 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * dim, width, **options)
         self.body = one_block_model(target, width)
         self.project = nn.Linear(width, dim, bias=False, **options) if width != dim else None
-        ids = torch.tensor(sorted(set(draft_ids)) if draft_ids is not None else [], dtype=torch.long,
-                           device=parameter.device)
+        ids = torch.tensor(draft_ids if draft_ids is not None else [], dtype=torch.long, device=parameter.device)
         self.register_buffer("draft_ids", ids)
         if init_from_last_layer:
             self.start_from_last_layer(target)

@@ -152,6 +152,12 @@ class Drafter:
         return cls(**options)
 
     @classmethod
+    def reads_draft_model(cls, **options) -> bool:
+        """Whether ``from_pair`` with these options drafts with the pair's draft model: a pair of a target alone
+        (``load_pair(target=DIR)``) has none, so such a drafter is refused for it before any model loads."""
+        return False
+
+    @classmethod
     def check_options(cls, compile: bool = False, forward: str = "auto", **options) -> None:
         """Refuse bad options before any model loads (ValueError / TypeError naming the option). By default a
         drafter that needs no pair is built once and dropped; one that needs a pair checks nothing here."""
@@ -202,8 +208,11 @@ class DraftLengthPolicy:
 
     ``max_k`` is the largest k it will ever ask for (it sizes per-position statistics); ``start`` resets it at
     the start of each ``generate`` call. ``outcome.k`` is the number of tokens actually drafted, which can be
-    less than asked. A policy that ``stops_drafts`` is asked ``should_stop(draft_probs [B, V], active [B])``
-    after each drafted token but the last; that costs one host sync per drafted token, so others pay nothing.
+    less than asked; ``next_k() == 0`` makes the step a plain decode step. A policy that ``stops_drafts`` is asked
+    ``should_stop(draft_probs [B, V], active [B])`` after each drafted token but the last; that costs one host sync
+    per drafted token, so others pay nothing. ``bind`` shows it the models a speculating ``Decoder`` runs, once;
+    ``select_rows`` narrows what it keeps per row when finished rows leave the batch; ``step_costs`` reports what
+    a policy that models step costs predicted and measured over the last call.
     """
 
     name: str = "custom"
@@ -225,3 +234,16 @@ class DraftLengthPolicy:
 
     def should_stop(self, draft_probs: torch.Tensor, active: torch.Tensor) -> bool:
         return False
+
+    def bind(self, target: torch.nn.Module, drafter: Drafter, forward: str) -> None:
+        """Called once by a ``Decoder`` that speculates with this policy: the target, the drafter and the forward
+        ("auto", "lean", "transformers") it runs them with. Nothing by default."""
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep only the batch rows ``index`` [B'] of what it tracks per row (called where finished rows leave the
+        batch, after the step's ``observe``). Nothing by default."""
+
+    def step_costs(self) -> tuple[float, float] | None:
+        """(modelled, measured) mean seconds per step over the last call's decode steps, for a policy that models
+        step costs; None by default."""
+        return None

@@ -22,8 +22,9 @@ import torch
 
 from specdec.cache import adopted
 from specdec.checkpoints import check_target, load_weights, read_drafter_config
+from specdec.checks import check_children_fit_vocabulary, check_model, check_placement
 from specdec.drafters import as_branching
-from specdec.heads import MedusaHeads, medusa_logits
+from specdec.heads import MedusaHeads, medusa_logits, target_head_weight, target_width
 from specdec.interfaces import Drafter, StopHook
 from specdec.layout import Proposal, TreeLayout, tree_layout
 from specdec.models import EMBEDDED_DIR
@@ -35,7 +36,10 @@ SHIPPED = {"embedded": EMBEDDED_DIR / "heads" / "medusa"}  # checkpoint names th
 
 
 class MedusaDrafter(Drafter):
-    """Drafts with ``heads``, trained for ``target`` (see the module docstring)."""
+    """Drafts with ``heads``, trained for ``target`` (see the module docstring). The constructor refuses, in one
+    line, heads in another dtype or on another device than the target (refused, not cast: move them with
+    ``heads.to(...)``; ``from_pretrained`` builds them in the target's), heads of another width, and a tree deeper
+    than the heads or wider than the vocabulary."""
 
     name = "medusa"
     selects_rows = True
@@ -44,13 +48,12 @@ class MedusaDrafter(Drafter):
     target_states = StateRequest(layers=(-1,), positions="last")
 
     def __init__(self, heads: MedusaHeads, target: torch.nn.Module, tree=None):
-        if not isinstance(heads, MedusaHeads):
-            raise TypeError(f"heads must be specdec.heads.MedusaHeads, got {type(heads).__name__}")
+        check_heads_fit(heads, target)
         self.heads, self.target = heads.eval().requires_grad_(False), target
-        self.branching = None if tree is None else tree_shape(as_branching(tree)).branching
-        if self.branching is not None and len(self.branching) > heads.num_heads:
-            raise ValueError(f"a tree of {len(self.branching)} levels needs as many heads; these are "
-                             f"{heads.num_heads}")
+        self.branching = medusa_branching(tree, heads.num_heads)
+        if self.branching is not None:
+            check_children_fit_vocabulary(f"tree {list(self.branching)}", max(self.branching),
+                                          target_head_weight(target).shape[0])
         self.drafts_trees = self.branching is not None
         self.drafts_on_device = not self.drafts_trees
         self.layouts: dict[tuple, TreeLayout] = {}  # (depth, device) -> the tree's first levels; ``release``
@@ -73,11 +76,7 @@ class MedusaDrafter(Drafter):
     def check_options(cls, compile: bool = False, forward: str = "auto", checkpoint: str = "embedded",
                       tree: list[int] | None = None) -> None:
         config = read_drafter_config(Path(SHIPPED.get(checkpoint, checkpoint)), "medusa")
-        if tree is not None:
-            branching = tree_shape(as_branching(tree)).branching
-            if len(branching) > config["options"]["num_heads"]:
-                raise ValueError(f"tree {list(branching)} has {len(branching)} levels; the heads in {checkpoint} "
-                                 f"are {config['options']['num_heads']}")
+        medusa_branching(tree, config["options"]["num_heads"])
 
     def check_target(self, target: torch.nn.Module) -> None:
         if target is not self.target:
@@ -153,3 +152,26 @@ class MedusaDrafter(Drafter):
     def adopt_device_state(self, state: dict[str, torch.Tensor]) -> None:
         if self.state is not None:
             self.state = adopted(state["state"], self.state)
+
+
+def medusa_branching(tree: object, num_heads: int) -> tuple[int, ...] | None:
+    """``tree`` as a branching (None for chains): one level per head at most."""
+    if tree is None:
+        return None
+    branching = tree_shape(as_branching(tree)).branching
+    if len(branching) > num_heads:
+        raise ValueError(f"tree {list(branching)} has {len(branching)} levels and needs as many heads; there are "
+                         f"{num_heads}")
+    return branching
+
+
+def check_heads_fit(heads: object, target: torch.nn.Module) -> None:
+    """Everything ``generate`` will need of ``heads`` beside ``target``, checked before any forward, in one line."""
+    if not isinstance(heads, MedusaHeads):
+        raise TypeError(f"heads must be specdec.heads.MedusaHeads, got {type(heads).__name__}")
+    check_model("target", target)
+    width = heads.blocks[0].in_features
+    if width != target_width(target):
+        raise ValueError(f"the Medusa heads read hidden states of width {width}; the target's are "
+                         f"{target_width(target)} wide: build the heads for this target")
+    check_placement("the Medusa heads", heads, target)

@@ -4,6 +4,11 @@
 from the config files), so that callers can refuse bad input before the slow part; ``load_pair`` then loads the
 models. Every error is one line naming the argument. A pair shares one tokenizer unless ``cross_tokenizer=True``
 (for ``specdec.CrossTokenizerDrafter``), which lets the draft's tokenizer and vocabulary differ.
+
+Any model directory (or hub id) is one key: ``target=DIR`` alone is a pair with no draft model (for the drafters
+that read the target alone: a trained head, early exit, n-gram; the target loads once), ``draft=DIR target=DIR`` a
+pair drafting with a model. Such a pair is named by its models (``model_name``): ``SmolLM2-135M-Instruct``, or
+``draft-name->target-name``.
 """
 import json
 from dataclasses import dataclass
@@ -47,17 +52,18 @@ class ModelUnavailableError(RuntimeError):
 
 @dataclass(frozen=True)
 class PairSpec:
-    """Where each part of a pair is loaded from: hub ids or local directories."""
+    """Where each part of a pair is loaded from: hub ids or local directories. ``draft`` None: no draft model (a
+    target alone, for drafters that read the target only)."""
     name: str
-    draft: str
+    draft: str | None
     target: str
-    draft_tokenizer: str
+    draft_tokenizer: str | None
     target_tokenizer: str
 
 
 @dataclass
 class ModelPair:
-    draft: PreTrainedModel
+    draft: PreTrainedModel | None  # None: a target alone (``load_pair(target=DIR)``), for drafters that read it only
     target: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase  # the target's (prompts are encoded with it)
     name: str
@@ -93,16 +99,20 @@ class PairPlan:
 
 
 def resolve_pair_ids(preset: str | None, draft: str | None = None, target: str | None = None) -> PairSpec:
-    """Map a preset plus optional explicit ids (which override it) to the ids to load; loads nothing. An explicit
-    id must be an existing model directory or a well-formed hub id (``check_source``)."""
+    """Map a preset plus optional explicit ids to the ids to load; loads nothing. An explicit id must be an
+    existing model directory or a well-formed hub id (``check_source``). ``target`` alone is a target without a
+    draft model (the preset is not read); ``draft`` alone replaces the preset's draft. A pair given by ids is named
+    by its models (``model_name``)."""
     for role, source in (("draft", draft), ("target", target)):
         if source is not None:
             check_source(role, source)
+    if target is not None and draft is None:
+        return PairSpec(model_name(target), None, target, None, target)
     if preset is not None and preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; known presets: {PRESETS}")
-    if preset is None and (draft is None or target is None):
-        raise ValueError(f"with preset=None give both draft= and target= (got draft={draft!r}, target={target!r}); "
-                         f"or choose a preset from {PRESETS}")
+    if preset is None and target is None:
+        raise ValueError(f"with preset=None give target= (alone: no draft model; with draft=: a draft model), got "
+                         f"draft={draft!r}, target={target!r}; or choose a preset from {PRESETS}")
     if preset == "embedded":
         shared = str(EMBEDDED_DIR / "tokenizer")
         base = PairSpec("embedded", str(EMBEDDED_DIR / "draft"), str(EMBEDDED_DIR / "target"), shared, shared)
@@ -112,11 +122,24 @@ def resolve_pair_ids(preset: str | None, draft: str | None = None, target: str |
         draft_id, target_id = HUB_PRESETS[preset]
         base = PairSpec(preset, draft_id, target_id, draft_id, target_id)
     else:
-        base = PairSpec("custom", draft, target, draft, target)
+        base = PairSpec("", draft, target, draft, target)
     if draft is None and target is None:
         return base
-    return PairSpec("custom", draft or base.draft, target or base.target,
+    draft_id, target_id = draft or base.draft, target or base.target
+    return PairSpec(f"{model_name(draft_id)}->{model_name(target_id)}", draft_id, target_id,
                     draft or base.draft_tokenizer, target or base.target_tokenizer)
+
+
+def model_name(source: str) -> str:
+    """What a report calls a model: its directory's name (``/models/SmolLM2-135M-Instruct``), the name in a hub
+    cache snapshot (``.../models--org--name/snapshots/<hash>``), or a hub id's last part (``org/name``)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        path = path.resolve()
+        if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+            return path.parent.parent.name.split("--")[-1]
+        return path.name
+    return source.rstrip("/").split("/")[-1]
 
 
 def check_source(role: str, source: object) -> None:
@@ -275,6 +298,8 @@ def plan_pair(preset: str | None = "embedded", *, draft: str | None = None, targ
         if source is not None:
             check_tokenizer_source(name, source)
     spec = with_tokenizers(resolve_pair_ids(preset, draft, target), draft_tokenizer, target_tokenizer)
+    if spec.draft is None:
+        return plan_target_alone(spec, torch_device, torch_dtype, cross_tokenizer)
     draft_config, target_config = load_config(spec.draft), load_config(spec.target)
     if draft_config.vocab_size != target_config.vocab_size and not cross_tokenizer:
         raise ValueError(f"draft {spec.draft!r} and target {spec.target!r} have different vocab_size: "
@@ -293,11 +318,20 @@ def plan_pair(preset: str | None = "embedded", *, draft: str | None = None, targ
     return PairPlan(spec.name, spec, torch_device, torch_dtype, left_padded(tokenizer), limit, draft_tok)
 
 
+def plan_target_alone(spec: PairSpec, device: torch.device, dtype: torch.dtype, cross_tokenizer: bool) -> PairPlan:
+    """A target without a draft model: its tokenizer and context; a draft's tokenizer would have nothing to serve."""
+    if cross_tokenizer or spec.draft_tokenizer is not None:
+        what = "cross_tokenizer=True" if cross_tokenizer else f"draft_tokenizer={spec.draft_tokenizer!r}"
+        raise ValueError(f"{what} needs a draft model, and target={spec.target!r} alone has none: give draft= too")
+    tokenizer = load_tokenizer(spec.target_tokenizer)
+    return PairPlan(spec.name, spec, device, dtype, left_padded(tokenizer), positions_of(load_config(spec.target)))
+
+
 def with_tokenizers(spec: PairSpec, draft_tokenizer: str | None, target_tokenizer: str | None) -> PairSpec:
     """The spec with its tokenizers taken from where the caller said (the models' own places otherwise)."""
     if draft_tokenizer is None and target_tokenizer is None:
         return spec
-    return PairSpec("custom", spec.draft, spec.target, draft_tokenizer or spec.draft_tokenizer,
+    return PairSpec(spec.name, spec.draft, spec.target, draft_tokenizer or spec.draft_tokenizer,
                     target_tokenizer or spec.target_tokenizer)
 
 
@@ -334,15 +368,16 @@ def left_padded(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
 def load_pair(preset: str | None = "embedded", *, draft: str | None = None, target: str | None = None,
               draft_tokenizer: str | None = None, target_tokenizer: str | None = None,
               cross_tokenizer: bool = False, device: str = "auto", dtype: str = "auto") -> ModelPair:
-    """Load a draft/target pair sharing one tokenizer (left padding, pad = eos when it has none); its arguments are
-    checked first (``plan_pair``). ``draft_tokenizer`` / ``target_tokenizer`` load the tokenizers from elsewhere
+    """Load a draft/target pair sharing one tokenizer (left padding, pad = eos when it has none), or with
+    ``target`` alone a target without a draft model (``pair.draft`` None); its arguments are checked first
+    (``plan_pair``). ``draft_tokenizer`` / ``target_tokenizer`` load the tokenizers from elsewhere
     than the models. ``cross_tokenizer=True`` lets the two tokenizers and vocabularies differ (the pair then
     only suits ``specdec.CrossTokenizerDrafter``); the pair's ``draft_tokenizer`` is the draft's."""
     plan = plan_pair(preset, draft=draft, target=target, draft_tokenizer=draft_tokenizer,
                      target_tokenizer=target_tokenizer, cross_tokenizer=cross_tokenizer, device=device, dtype=dtype)
     if plan.spec is None:
         return load_shaped_pair(preset, plan.tokenizer, plan.device, plan.dtype)
-    draft_model = load_model(plan.spec.draft, plan.device, plan.dtype)
+    draft_model = None if plan.spec.draft is None else load_model(plan.spec.draft, plan.device, plan.dtype)
     target_model = load_model(plan.spec.target, plan.device, plan.dtype)
     return ModelPair(draft=draft_model, target=target_model, tokenizer=plan.tokenizer, name=plan.name,
                      draft_tokenizer=plan.draft_tokenizer)

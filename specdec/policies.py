@@ -5,19 +5,24 @@ The interface, with the optional early stop (``stops_drafts``/``should_stop``), 
 so a policy never needs to know about either.
 
 Policies: ``FixedLength`` (k every step), ``HeuristicLength`` (transformers' +2 / -1 rule), ``ConfidenceLength``
-(draft until the draft is unsure), ``CostOptimalLength`` (maximise the predicted speedup from running estimates).
+(draft until the draft is unsure), ``CostOptimalLength`` (the k, 0 included, of the most expected tokens per second
+for the batch as it is now, from costs measured on this machine and running acceptance per row).
 Adaptive policies reset their state in ``start``, so every ``generate`` call begins from the same settings.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+import time
+from collections.abc import Callable
 
 import torch
+import transformers
 
 from specdec.checks import check_draft_length, check_positive, check_probability
+from specdec.costs import CostModel, measure_costs
 from specdec.interfaces import DraftLengthPolicy
-from specdec.stats import predicted_speedup
 from specdec.types import StepOutcome
 
 
@@ -112,22 +117,44 @@ class ConfidenceLength(DraftLengthPolicy):
             self.history.append(outcome.k)
 
 
-TIE_TOLERANCE = 1e-9  # relative: predicted speedups closer than this count as equal
+TIE_TOLERANCE = 1e-9  # relative: predicted rates closer than this count as equal
+COST_DECAY = 0.8  # per-step forgetting factor of the online corrections to the cost model
 
 
 class CostOptimalLength(DraftLengthPolicy):
-    """Each step choose k in [k_min, k_max] maximising the predicted speedup from running estimates of a and c.
+    """Each step, the k in [0, k_max] that maximises the batch's expected tokens per second as it is now:
 
-    a (per-token acceptance): the i.i.d. model behind the formula makes each verified draft position a
-    Bernoulli(a) trial, and a step with n of k drafts kept has n successes in n + [n < k] trials. a is the ratio
-    of exponentially weighted sums of successes and trials over active rows (decay ``decay`` per step), seeded
-    with ``prior_weight`` trials at ``prior_acceptance``. (Accepted / drafted would underestimate a: positions
-    after the first rejection are never tried.)
-    c (cost ratio): exponentially weighted mean of (draft_seconds / k) / target_seconds per step, seeded with
-    ``prior_cost_ratio``; steps without timings leave it unchanged.
-    Near-ties go to the smaller k. k_min >= 1: at k = 0 nothing would be measured and the policy could never recover.
-    Reading the step's accepted counts costs one host sync per step. ``chosen_k`` records each ``next_k`` answer,
-    ``history`` the k actually drafted, ``estimates`` the (a, c) each choice was made from.
+        k* = argmax_k  sum_r E(a_r, k) / step(B', k),    E(a, k) = sum_{i=0..k} a^i
+
+    over the rows r generating, with a_r each row's running acceptance, and step(B', k) the seconds of a step that
+    drafts k over the B' rows the forwards compute (``specdec.costs``): k draft forwards, the target's verification
+    of k + 1 tokens per row, and the loop's overhead. k = 0 is a plain decode step (B' tokens per step); a k > 0 is
+    taken only where it beats k = 0 by the relative ``margin``, so that the policy is not slower than decoding
+    without a draft by more than the cost model's error. After ``explore_every`` - 1 plain decode steps in a row the
+    next step drafts one token anyway, so that acceptance and the draft's cost stay measured (a choice of 0 from
+    stale estimates would never be revisited); where drafting does not pay this costs a draft forward in
+    ``explore_every`` steps. As the batch grows the target's verification costs grow
+    with B' (k + 1), and the choice shortens to k = 0; as rows finish and leave, it lengthens again.
+
+    The costs: ``costs`` (a ``specdec.costs.CostModel``), or, where None, measured by ``specdec.costs.measure_costs``
+    from the models the ``Decoder`` shows it (``bind``) when it first meets a batch larger than it has measured:
+    the target's forward of 1..k_max + 1 tokens per row and the draft's of one, at 1, 2, 4, ... rows (a second or
+    two for the embedded pair on a CPU, in the first call). A drafter without a single causal LM to time (n-gram,
+    EAGLE and Medusa heads) has its cost per drafted token learned from the steps instead. The model is then
+    corrected online from the step timings the loop takes: the target's and the draft's measured over modelled
+    seconds, and the loop's overhead per step as the step's wall time beyond its forwards,
+    each an exponentially weighted mean (``COST_DECAY`` per step). These corrections describe the machine, and
+    the batch's acceptance the pair on its data: both carry across calls (the prior seeds the first), so a call
+    does not start by drafting from the prior again; each call's rows start from the batch's acceptance.
+
+    Acceptance: a step in which a row kept n of k drafts is n successes in n + [n < k] Bernoulli(a) trials (the
+    positions after the first rejection are never tried). The batch's a is the ratio of exponentially weighted
+    (``decay`` per step) successes to trials, seeded with ``prior_weight`` trials at ``prior_acceptance``; each
+    row's a_r is its own weighted counts shrunk towards the batch's by ``prior_weight`` trials of it.
+
+    Reading the step's per-row counts costs one host copy per step. ``chosen_k`` records each ``next_k`` answer;
+    ``step_costs()`` the mean modelled and measured seconds per decode step of the last call. Tree drafters are
+    modelled as chains of their depth.
     """
 
     name = "cost_optimal"
@@ -136,60 +163,194 @@ class CostOptimalLength(DraftLengthPolicy):
         self,
         k_max: int = 8,
         prior_acceptance: float = 0.7,
-        prior_cost_ratio: float = 0.1,
-        k_min: int = 1,
         decay: float = 0.9,
         prior_weight: float = 4.0,
+        margin: float = 0.02,
+        costs: CostModel | None = None,
+        repeats: int = 3,
+        explore_every: int = 16,
     ):
         self.k_max = check_draft_length("k_max", k_max)
-        self.k_min = check_draft_length("k_min", k_min)
-        if self.k_min > self.k_max:
-            raise ValueError(f"need k_min <= k_max, got k_min={k_min}, k_max={k_max}")
         self.prior_acceptance = check_probability("prior_acceptance", prior_acceptance)
-        self.prior_cost_ratio = check_positive("prior_cost_ratio", prior_cost_ratio, allow_zero=True)
         self.decay = check_probability("decay", decay, high_open=True)
         self.prior_weight = check_positive("prior_weight", prior_weight)
+        self.margin = check_positive("margin", margin, allow_zero=True)
+        if costs is not None and not isinstance(costs, CostModel):
+            raise TypeError(f"costs must be a specdec.costs.CostModel or None (measured), got {type(costs).__name__}")
+        self.repeats = check_draft_length("repeats", repeats)
+        self.explore_every = check_draft_length("explore_every", explore_every)
+        self.costs = costs
+        self.measure: Callable[[int], CostModel] | None = None  # set by ``bind``: times the models at a batch size
+        self.target_scale = self.draft_scale = 1.0  # measured / modelled seconds of each model's forwards
+        self.overhead = 0.0  # the loop's seconds per step beyond its forwards
+        self.learned_draft_step = 0.0  # seconds per drafted token, for a drafter without a timed model
+        self.successes = self.prior_acceptance * self.prior_weight  # weighted accepted positions, all rows
+        self.trials = self.prior_weight  # weighted verified positions, all rows
+        self.call_rows = 1  # the last call's batch size: the rows a call's first choice assumes
+        self.looked_up: dict[int, tuple[list[float], float | None]] = {}  # ``table_seconds``'s, by rows
+        self.looked_up_in: CostModel | None = None  # the cost model they were looked up in
         self.start()
 
     @property
     def max_k(self) -> int:
         return self.k_max
 
+    def bind(self, target: torch.nn.Module, drafter, forward: str) -> None:
+        """Keep how to measure the costs (where none were given): the target and the drafter's one causal LM."""
+        if self.costs is not None and self.costs.draft is not None:
+            return
+        models = drafter.models()
+        draft = models[0] if len(models) == 1 and models[0] is not target and is_causal_lm(models[0]) else None
+        k_max, repeats = self.k_max, self.repeats
+
+        def measure(batch_size: int) -> CostModel:
+            return measure_costs(target, draft, batch_size, k_max, repeats, forward)
+
+        self.measure = measure  # a closure: a deep copy of the policy shares it, never copying the models
+
     def start(self) -> None:
-        self.successes = self.prior_acceptance * self.prior_weight  # weighted accepted positions
-        self.trials = self.prior_weight  # weighted verified positions
-        self.cost_ratio = self.prior_cost_ratio
+        self.row_successes = self.row_trials = None  # [B'] per row, from the call's first step on
+        self.generating: torch.Tensor | None = None  # [B'] bool, rows that generate in the next step
+        self.first_step = True
+        self.plain_steps = 0  # plain decode steps chosen in a row
+        self.rows_fed = self.call_rows  # rows the next step's forwards compute
+        self.step_started = math.nan
         self.chosen_k: list[int] = []
-        self.history: list[int] = []
-        self.estimates: list[tuple[float, float]] = []
+        self.modelled: list[float] = []  # per decode step: the model's seconds for the k it chose
+        self.measured: list[float] = []  # per decode step: the step's wall seconds
+        self.pending_model = math.nan
 
     @property
     def acceptance(self) -> float:
         return self.successes / self.trials
 
-    def best_k(self, acceptance: float, cost_ratio: float) -> int:
-        """argmax over k in [k_min, k_max] of the predicted speedup; the smallest k within a relative 1e-9 of it
-        (longer drafts whose gain is rounding noise, e.g. a^12 at a = 0.05, are not worth drafting)."""
-        speedups = {k: predicted_speedup(acceptance, k, cost_ratio) for k in range(self.k_min, self.k_max + 1)}
-        best = max(speedups.values())
-        return min(k for k, speedup in speedups.items() if speedup >= best * (1 - TIE_TOLERANCE))
+    def row_acceptances(self) -> torch.Tensor:
+        """[R] the running acceptance of each row generating (the prior's rows before the call's first step)."""
+        pooled = self.acceptance
+        if self.row_successes is None:
+            rows = self.rows_fed if self.generating is None else int(self.generating.sum())
+            return torch.full((rows,), pooled, dtype=torch.float64)
+        rows = (self.row_successes + self.prior_weight * pooled) / (self.row_trials + self.prior_weight)  # [B']
+        return rows[self.generating]
+
+    def table_seconds(self, rows: int) -> tuple[list[float], float | None]:
+        """The cost model's verification of k = 0..k_max drafts and its draft step at ``rows`` rows (None: no draft
+        table), looked up once per row count and cost model."""
+        costs = self.costs
+        if self.looked_up_in is not costs:
+            self.looked_up, self.looked_up_in = {}, costs
+        if rows not in self.looked_up:
+            self.looked_up[rows] = ([costs.verify(k, rows) for k in range(self.k_max + 1)],
+                                    costs.draft_step(rows) if costs.draft is not None else None)
+        return self.looked_up[rows]
+
+    def forward_seconds(self, k: int, rows: int) -> float:
+        """The model's seconds of a step's forwards at ``rows`` rows drafting k, with the online corrections."""
+        verify, draft_step = self.table_seconds(rows)
+        draft = self.learned_draft_step if draft_step is None else self.draft_scale * draft_step
+        return k * draft + self.target_scale * verify[k]
+
+    def step_seconds(self, k: int, rows: int) -> float:
+        return self.forward_seconds(k, rows) + self.overhead
+
+    def rates(self, acceptances: torch.Tensor, rows: int) -> list[float]:
+        """[k_max + 1] expected tokens per second of a step drafting k = 0..k_max, for rows generating at
+        ``acceptances`` [R] while the forwards compute ``rows`` rows."""
+        powers = acceptances.unsqueeze(1) ** torch.arange(self.k_max + 1, dtype=torch.float64)  # [R, k_max+1]
+        tokens = powers.cumsum(1).sum(0).tolist()  # [k_max+1] sum_r E(a_r, k)
+        return [tokens[k] / self.step_seconds(k, rows) for k in range(self.k_max + 1)]
+
+    def best_k(self, acceptances: torch.Tensor, rows: int) -> int:
+        """The k of the highest rate, the smallest within a relative 1e-9 of it; 0 unless that beats k = 0's rate
+        by ``margin``."""
+        rates = self.rates(acceptances, rows)
+        best = max(rates[1:])
+        k = min(k for k in range(1, self.k_max + 1) if rates[k] >= best * (1 - TIE_TOLERANCE))
+        return k if rates[k] > rates[0] * (1 + self.margin) else 0
 
     def next_k(self) -> int:
-        k = self.best_k(self.acceptance, self.cost_ratio)
-        self.estimates.append((self.acceptance, self.cost_ratio))
+        self.ensure_costs(self.rows_fed)
+        if self.plain_steps + 1 >= self.explore_every:  # one draft now and then keeps a and its costs measured
+            k = 1
+        else:
+            k = self.best_k(self.row_acceptances(), self.rows_fed)
+        self.plain_steps = 0 if k else self.plain_steps + 1
         self.chosen_k.append(k)
+        self.pending_model = self.step_seconds(k, self.rows_fed)
+        self.step_started = time.perf_counter()
         return k
 
-    def observe(self, outcome: StepOutcome) -> None:
-        k = outcome.k
-        if k == 0:
+    def ensure_costs(self, rows: int) -> None:
+        """Measure the costs where none are known yet, or where the batch outgrows the rows measured."""
+        if self.costs is not None and (rows <= max(self.costs.target.seconds) or self.measure is None):
             return
-        self.history.append(k)
-        accepted = outcome.num_accepted * outcome.active  # [B]
-        rejected = (outcome.num_accepted < k) & outcome.active  # [B] rows whose trials ended in a rejection
-        successes, rejections = torch.stack([accepted.sum(), rejected.sum()]).tolist()
-        self.successes = self.decay * self.successes + successes
-        self.trials = self.decay * self.trials + successes + rejections
-        if outcome.target_seconds > 0 and math.isfinite(outcome.draft_seconds):
-            step_ratio = outcome.draft_seconds / k / outcome.target_seconds
-            self.cost_ratio = self.decay * self.cost_ratio + (1 - self.decay) * step_ratio
+        if self.measure is None:
+            raise ValueError("CostOptimalLength has no costs: give costs=specdec.costs.CostModel(...), or run it in a "
+                             "specdec.Decoder, which shows it the models to measure")
+        self.costs = self.measure(rows)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        if self.costs is None:  # never asked for a k (a loop that does not speculate): nothing to learn
+            return
+        wall = time.perf_counter() - self.step_started
+        rows = outcome.num_accepted.shape[0]
+        if self.first_step:
+            self.call_rows = rows
+        else:
+            self.learn_costs(outcome, rows, wall)
+        self.first_step = False
+        accepted, active, after = torch.stack(
+            [outcome.num_accepted, outcome.active.long(), outcome.active_after.long()]).cpu().double()  # [B'] each
+        if outcome.k:
+            self.learn_acceptance(accepted, active.bool(), outcome.k)
+        self.rows_fed = rows
+        self.generating = after.bool()
+
+    def learn_acceptance(self, accepted: torch.Tensor, active: torch.Tensor, k: int) -> None:
+        """Each generating row's successes (drafts kept) and trials (those and the rejection, where one came)."""
+        successes = accepted * active  # [B']
+        trials = successes + ((accepted < k) & active).double()  # [B']
+        if self.row_successes is None or self.row_successes.shape != successes.shape:
+            self.row_successes, self.row_trials = torch.zeros_like(successes), torch.zeros_like(trials)
+        self.row_successes = self.decay * self.row_successes + successes
+        self.row_trials = self.decay * self.row_trials + trials
+        self.successes = self.decay * self.successes + float(successes.sum())
+        self.trials = self.decay * self.trials + float(trials.sum())
+
+    def learn_costs(self, outcome: StepOutcome, rows: int, wall: float) -> None:
+        """Correct the cost model from a decode step's timings (the prefill's step says nothing of decoding), and
+        record what it modelled beside what the step took."""
+        k, costs = outcome.k, self.costs
+        self.modelled.append(self.pending_model)
+        self.measured.append(wall)
+        forwards = outcome.draft_seconds + outcome.target_seconds
+        if math.isfinite(outcome.target_seconds) and outcome.target_seconds > 0:
+            observed = outcome.target_seconds / self.table_seconds(rows)[0][k]
+            self.target_scale = COST_DECAY * self.target_scale + (1 - COST_DECAY) * observed
+        if k and math.isfinite(outcome.draft_seconds) and outcome.draft_seconds > 0:
+            per_token = outcome.draft_seconds / k
+            if costs.draft is None:
+                self.learned_draft_step = COST_DECAY * self.learned_draft_step + (1 - COST_DECAY) * per_token
+            else:
+                observed = per_token / self.table_seconds(rows)[1]
+                self.draft_scale = COST_DECAY * self.draft_scale + (1 - COST_DECAY) * observed
+        if not math.isfinite(forwards):
+            forwards = self.forward_seconds(k, rows)
+        self.overhead = COST_DECAY * self.overhead + (1 - COST_DECAY) * max(wall - forwards, 0.0)
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        index = index.cpu()
+        self.rows_fed = index.shape[0]
+        self.generating = self.generating[index]
+        if self.row_successes is not None:
+            self.row_successes, self.row_trials = self.row_successes[index], self.row_trials[index]
+
+    def step_costs(self) -> tuple[float, float] | None:
+        if not self.measured:
+            return None
+        return statistics.fmean(self.modelled), statistics.fmean(self.measured)
+
+
+def is_causal_lm(model: torch.nn.Module) -> bool:
+    """A model whose forward takes token ids and a cache and gives logits: what ``specdec.costs`` can time."""
+    return isinstance(model, transformers.PreTrainedModel) and hasattr(model, "lm_head")

@@ -2,7 +2,8 @@
 
 ``time_forwards`` times a model's forward of n tokens on top of a cached prompt, for each n asked, the way the
 decode loop runs it (the same KV cache, eager or compiled), so benchmarks need no access to the cache itself;
-``time_tree_forwards`` times the verification of a token tree of N nodes the same way.
+``time_tree_forwards`` times the verification of a token tree of N nodes the same way. Each forward goes through a
+``CachedContext`` as the loop's do, and is forgotten through its one rollback (``CachedContext.keep``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import statistics
 
 import torch
 
-from specdec.cache import CachedModel, KVCache, TreeFeed, static_capacity
+from specdec.cache import CachedModel, KVCache, static_capacity
+from specdec.context import CachedContext
+from specdec.layout import TreeLayout, VerifyLayout
 from specdec.timing import Clock
 from specdec.tree import tree_shape
 
@@ -44,10 +47,10 @@ def time_forwards(model: torch.nn.Module, prompt: torch.Tensor, widths, repeats:
     cache = runner.new_cache(prompt.shape[0], static_capacity(prompt.shape[1], max(widths)), prompt.device,
                              fixed_span=captured)
     with torch.no_grad():
-        fill(cache, prompt)
+        context = filled(cache, prompt)
         # Each width's tokens made once, laid out as a decode step's (a slice's strides would compile another graph)
         run = {n: (lambda tokens=prompt[:, :n].clone(memory_format=torch.contiguous_format): forward_and_forget(
-            cache, tokens)) for n in widths}
+            context, tokens)) for n in widths}
         if captured:
             run = {n: captured_replay(step, prompt.device) for n, step in run.items()}
         samples = {n: [] for n in widths}
@@ -61,10 +64,16 @@ def time_forwards(model: torch.nn.Module, prompt: torch.Tensor, widths, repeats:
         return {n: statistics.median(times) for n, times in samples.items()}
 
 
-def forward_and_forget(cache: KVCache, tokens: torch.Tensor, tree: TreeFeed | None = None) -> None:
-    """One forward of ``tokens`` [B, n], rolled back so the next sees the same cache."""
-    cache.feed(tokens, tree=tree)
-    cache.keep(torch.zeros_like(tokens, dtype=torch.bool), prefix=tree is None, max_kept=0)
+def forward_and_forget(context: CachedContext, queue: torch.Tensor, nodes: torch.Tensor | None = None,
+                       layout: VerifyLayout | None = None) -> None:
+    """One forward of ``queue`` [B, m] (causal) and then ``nodes`` [B, N] laid out by ``layout``, with logits at
+    every column as a verification has them, rolled back so the next sees the same cache and queue."""
+    context.replace_queue(queue, None, None)
+    fed = queue.shape[1] + (0 if nodes is None else nodes.shape[1])
+    context.feed(nodes, layout, num_logits=fed)
+    context.keep(torch.zeros(queue.shape[0], fed, dtype=torch.bool, device=queue.device),
+                 prefix=layout is None or layout.causal, max_kept=0,
+                 queue=queue, queue_valid=None)
 
 
 def captured_replay(step, device: torch.device):
@@ -80,10 +89,13 @@ def captured_replay(step, device: torch.device):
     return graph.replay
 
 
-def fill(cache: KVCache, prompt: torch.Tensor) -> None:
-    """Cache the whole [B, T] prompt (no logits) and commit it."""
-    cache.feed(prompt, logit_columns=torch.arange(0, device=prompt.device), prefill=True)
-    cache.keep(torch.ones_like(prompt, dtype=torch.bool), prefix=True, max_kept=prompt.shape[1])
+def filled(cache: KVCache, prompt: torch.Tensor) -> CachedContext:
+    """A context over ``cache`` that has cached the whole [B, T] prompt (no logits) and committed it."""
+    context = CachedContext(cache, prompt, None)
+    context.feed(num_logits=0)
+    context.keep(torch.ones_like(prompt, dtype=torch.bool), prefix=True, max_kept=prompt.shape[1],
+                 queue=prompt[:, :0], queue_valid=None)
+    return context
 
 
 def time_tree_forwards(model: torch.nn.Module, prompt: torch.Tensor, node_counts, repeats: int = 10,
@@ -103,15 +115,14 @@ def time_tree_forwards(model: torch.nn.Module, prompt: torch.Tensor, node_counts
                                                          prompt.device)
     medians = {}
     with torch.no_grad():
-        fill(cache, prompt)
+        context = filled(cache, prompt)
         for n in node_counts:
-            shape = tree_shape((n,)).on(prompt.device)
-            tree = TreeFeed(shape.depth_offsets, shape.ancestors)  # the root, then the nodes
-            tokens = prompt[:, : n + 1]  # [B, N+1]
+            layout = TreeLayout(tree_shape((n,)).on(prompt.device))  # the root's n children
+            root, nodes = prompt[:, :1], prompt[:, 1 : n + 1]  # [B, 1], [B, N]
             samples = []
             for _ in range(warmup + repeats):
                 start = clock.now()
-                forward_and_forget(cache, tokens, tree)
+                forward_and_forget(context, root, nodes, layout)
                 samples.append(clock.now() - start)
             medians[n] = statistics.median(samples[warmup:])
     return medians

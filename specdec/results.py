@@ -171,6 +171,14 @@ class Metrics:
         "length k + 1: h_j = verification steps that drafted and kept j drafts (the bonus token not counted), "
         "j = 0..k (vLLM's per-request acceptance histogram); sum_j j h_j = accepted, counted as A is (up to the "
         "row's EOS); sum_j h_j = the calls that drafted. Absent in rows written before it existed")
+    k_histogram: list[int] = column(
+        "length k + 1: steps the row generated in, by the draft length k they drafted, k = 0..k (0: a plain decode "
+        "step); sums to target_calls. What an adaptive policy chose. Absent in rows written before it existed")
+    modelled_step_seconds: float | None = column(
+        "a policy that models step costs (`cost_optimal`): its mean predicted seconds per decode step for the k it "
+        "chose, this batch; null for other policies. Absent in rows written before it existed")
+    measured_step_seconds: float | None = column(
+        "... and the mean seconds those steps took (batch). Absent in rows written before it existed")
     expected_acceptance: float | None = column(
         "mean over verified positions of sum_x min(p_draft(x), p_target(x)), with p_draft the point mass at the "
         "draft where the drafter gives no distributions (n-gram); null when nothing was verified (batch)")
@@ -205,12 +213,15 @@ class Metrics:
         "decodes, apart from the timings above (run); null for an eager run")
 
     @classmethod
-    def measure(cls, spec: DecodeStats, base: DecodeStats, row: int, k: int, tree: bool,
-                compile_seconds: float | None = None, profiled_cost_ratio: float | None = None) -> Metrics:
+    def measure(cls, spec: DecodeStats, base: DecodeStats, row: int, tree: bool,
+                compile_seconds: float | None = None, profiled_cost_ratio: float | None = None,
+                step_costs: tuple[float, float] | None = None) -> Metrics:
         """Row ``row`` of a batch that both decoders ran: its own counts, the batch's timings (specdec.stats's
-        definitions). Leviathan's predicted speedup is for chains, so a token tree (``tree``) gets none.
+        definitions). Leviathan's predicted speedup is for chains, so a token tree (``tree``) gets none; a chain's
+        takes the k its steps drafted (drafted / steps that drafted), never a configured one.
         ``compile_seconds``: the run's warm-up, where it compiled (None: eager). ``profiled_cost_ratio``: the cost
-        ratio of the run's forwards timed apart, for steps whose phases are not timed (the device step)."""
+        ratio of the run's forwards timed apart, for steps whose phases are not timed (the device step).
+        ``step_costs``: the policy's (modelled, measured) mean seconds per decode step (``step_costs()``)."""
         counts = spec.rows[row]
         acceptance, cost_ratio = counts.acceptance_rate, spec.cost_ratio
         cost_ratio_source = "steps" if math.isfinite(cost_ratio) else None
@@ -230,6 +241,9 @@ class Metrics:
             per_position_attempts=counts.position_attempts,
             per_position_accepted=counts.position_accepts,
             accepted_histogram=counts.steps_by_accepted,
+            k_histogram=counts.steps_by_k,
+            modelled_step_seconds=None if step_costs is None else step_costs[0],
+            measured_step_seconds=None if step_costs is None else step_costs[1],
             expected_acceptance=spec.expected_acceptance,
             draft_seconds=spec.draft_seconds,
             target_seconds=spec.target_seconds,
@@ -261,7 +275,8 @@ class Metrics:
             emitted=emitted, drafted=None, accepted=None, target_calls=target_calls, draft_calls=None,
             acceptance_rate=math.nan, mean_accepted_length=ratio(emitted, target_calls),
             per_position_acceptance=[], per_position_attempts=[], per_position_accepted=[], accepted_histogram=[],
-            expected_acceptance=None, draft_seconds=math.nan, target_seconds=math.nan, other_seconds=math.nan,
+            k_histogram=[], modelled_step_seconds=None, measured_step_seconds=None, expected_acceptance=None,
+            draft_seconds=math.nan, target_seconds=math.nan, other_seconds=math.nan,
             spec_seconds=seconds, baseline_seconds=base.wall_seconds, baseline_emitted=base.rows[row].emitted,
             spec_tokens_per_s=ratio(emitted, seconds), baseline_tokens_per_s=base.tokens_per_second,
             speedup=ratio(ratio(base.wall_seconds, base.emitted), spec_per_token), cost_ratio=math.nan,
@@ -374,6 +389,40 @@ def type_problem(row: dict) -> str | None:
         annotation, kinds = COLUMN_TYPES.get(name, ("", ()))
         if kinds and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
             return f"column {name} holds {value!r} ({type(value).__name__}) where the schema has {annotation}"
+    return None
+
+
+# Keys that change nothing a run computes (where it is written, how it is watched, how long it may take): a run
+# resumes with them changed (both apps), and analysis compares runs without them. Dotted keys reach into a group.
+FREE_KEYS = ("resume", "group", "hydra", "logger", "threads", "max_minutes", "max_wall_minutes")
+# Which of a prompt set's prompts a run took: the rows name their prompts, so analysis also compares without them.
+PROMPT_SELECTION_KEYS = ("num_prompts", "data.limit", "requested")
+
+
+def without_keys(config: dict, keys: tuple[str, ...]) -> dict:
+    """``config`` less ``keys`` (a dotted key removes one key of a group)."""
+    config = {key: value for key, value in config.items() if key not in keys}
+    for group, _, name in (key.partition(".") for key in keys if "." in key):
+        if isinstance(config.get(group), dict):
+            config[group] = {key: value for key, value in config[group].items() if key != name}
+    return config
+
+
+def config_difference(old: dict, new: dict, free: tuple[str, ...] = FREE_KEYS) -> str | None:
+    """The first dotted key outside ``free`` where two configs differ, as 'key: old -> new'; None where they agree
+    (the one comparison of configs: resume in both apps, and analysis)."""
+    return first_difference(without_keys(old, free), without_keys(new, free), "")
+
+
+def first_difference(old: dict, new: dict, prefix: str) -> str | None:
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            found = first_difference(a, b, f"{prefix}{key}.")
+            if found:
+                return found
+        elif a != b:
+            return f"{prefix}{key}: {a!r} -> {b!r}"
     return None
 
 
@@ -575,22 +624,36 @@ def pooled_per_position(rows: list[dict]) -> list[dict]:
              "attempts": int(attempts[:, i].sum())} for i in range(width)]
 
 
-def summed_histogram(rows: list[dict]) -> list[int]:
-    """The rows' accepted histograms (h_j, j = 0..k) summed entry by entry; rows without one add nothing."""
-    lists = [row["accepted_histogram"] for row in rows if isinstance(row.get("accepted_histogram"), list)]
+def summed_histogram(rows: list[dict], name: str = "accepted_histogram") -> list[int]:
+    """The rows' histograms in column ``name`` (the accepted histogram h_j, j = 0..k, by default) summed entry by
+    entry; rows without one add nothing."""
+    lists = [row[name] for row in rows if isinstance(row.get(name), list)]
     width = max(map(len, lists), default=0)
     return [int(sum(h[j] for h in lists if j < len(h) and is_number(h[j]))) for j in range(width)]
 
 
+def step_seconds(rows: list[dict]) -> dict:
+    """A cost-modelling policy's mean modelled and measured seconds per decode step over the rows that have them
+    (each batch's value once per row, so batches weigh by their rows); NaN where none has."""
+    pairs = [(row["modelled_step_seconds"], row["measured_step_seconds"]) for row in rows
+             if is_number(row.get("modelled_step_seconds")) and is_number(row.get("measured_step_seconds"))]
+    if not pairs:
+        return {"modelled": math.nan, "measured": math.nan}
+    return {"modelled": math.fsum(m for m, _ in pairs) / len(pairs),
+            "measured": math.fsum(t for _, t in pairs) / len(pairs)}
+
+
 def pooled(rows: list[dict]) -> dict:
     """The run's pooled figures (``POOLED_FIGURES``), each with its interval, per-position acceptance pooled with
-    its counts, the summed accepted histogram, and the totals they rest on."""
+    its counts, the summed accepted histogram and k histogram (steps by the k drafted), a cost-modelling policy's
+    modelled and measured seconds per step, and the totals they rest on."""
     terms_of_rows, prompts = [row_terms(row) for row in rows], [prompt_of(row) for row in rows]
     totals = {name: math.fsum(finite_values(terms[name] for terms in terms_of_rows))
               for name in ("emitted", "baseline_emitted", "spec_seconds", "baseline_seconds")}
     return {**{figure: pooled_figure_of_terms(terms_of_rows, figure, prompts) for figure in POOLED_FIGURES},
             "predicted_speedup": pooled_predicted_speedup(rows),
             "per_position_acceptance": pooled_per_position(rows), "accepted_histogram": summed_histogram(rows),
+            "k_histogram": summed_histogram(rows, "k_histogram"), "step_seconds": step_seconds(rows),
             "emitted": int(totals["emitted"]), "baseline_emitted": int(totals["baseline_emitted"]),
             "spec_seconds": totals["spec_seconds"], "baseline_seconds": totals["baseline_seconds"]}
 
@@ -818,6 +881,7 @@ NOT_A_ROW = "object(s) without run_id or prompt_id"
 OTHER_RUN = "row(s) of another run"
 DUPLICATE = "duplicate row(s)"
 STALE = "row(s) of prompts no longer in the prompt set"  # resume's judgement: only it knows the prompt set
+INCONSISTENT = "row(s) whose columns disagree"  # resume's: tokens vs emitted, prompt_id vs the prompt's hash
 
 
 @dataclass(frozen=True)
@@ -947,7 +1011,7 @@ def parse_line(line: str) -> tuple[list[dict], list[str]]:
 
 def describe_pieces(pieces: list[Piece]) -> str:
     """'2 unreadable line piece(s), 1 duplicate row(s)': the pieces counted by reason, in a fixed order."""
-    order = (UNREADABLE, NOT_A_ROW, OTHER_RUN, DUPLICATE, STALE)
+    order = (UNREADABLE, NOT_A_ROW, OTHER_RUN, DUPLICATE, STALE, INCONSISTENT)
     counts = {reason: sum(piece.reason == reason for piece in pieces) for reason in order}
     return ", ".join(f"{count} {reason}" for reason, count in counts.items() if count)
 

@@ -7,6 +7,7 @@ prompt, docs/results-schema.md):
     mean accepted length  E / N                         (tau; plain decoding has tau = 1; vLLM's acceptance length)
     per-position a_i      P(draft i accepted | drafts 1..i-1 accepted)
     accepted histogram    h_j = steps that drafted and kept j drafts, j = 0..k_max
+    k histogram           steps by the draft length k they drafted, k = 0..k_max (sums to the target calls)
     expected acceptance   mean over verified positions of sum_x min(q(x), p(x))
     cost ratio c          mean draft forward time / mean target forward time (decode steps, this call)
 """
@@ -37,6 +38,7 @@ class RowStats:
     position_attempts: list[int]  # [k_max] times draft position i was verified
     position_accepts: list[int]  # [k_max] times it was accepted
     steps_by_accepted: list[int] = field(default_factory=list)  # [k_max+1] steps that drafted and kept j drafts
+    steps_by_k: list[int] = field(default_factory=list)  # [k_max+1] steps the row generated in that drafted k
 
     @property
     def acceptance_rate(self) -> float:
@@ -79,6 +81,7 @@ class DecodeStats:
             position_attempts=[sum(col) for col in zip(*(r.position_attempts for r in self.rows))],
             position_accepts=[sum(col) for col in zip(*(r.position_accepts for r in self.rows))],
             steps_by_accepted=[sum(col) for col in zip(*(r.steps_by_accepted for r in self.rows))],
+            steps_by_k=[sum(col) for col in zip(*(r.steps_by_k for r in self.rows))],
         )
 
     drafted = property(lambda self: self.totals.drafted)
@@ -239,6 +242,8 @@ class StepLog:
             attempted.sum(0).tolist(),
             kept.sum(0).tolist(),
             (by_accepted * drafting.unsqueeze(2)).sum(0).tolist(),
+            (torch.nn.functional.one_hot(depths, position.shape[0] + 1).unsqueeze(1)  # [S, 1, k_max+1]
+             * generating.unsqueeze(2)).sum(0).tolist(),  # [B, k_max+1] steps by the k drafted
         )
         measured = attempted & torch.tensor(self.overlap_logged, device=device)[:, None, None]  # [S, B, k_max]
         from_acceptance = torch.tensor(self.overlap_is_acceptance, device=device)[:, None, None]  # [S, 1, 1]

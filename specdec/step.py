@@ -134,8 +134,8 @@ class DecodeRun:
         verdict, active = judgement.verdict, self.rows.active.clone()  # [B'] rows generating during the step
         kept_or_idle = torch.where(active, verdict.num_accepted, -1)  # [B'] -1: the row fed holes
         self.last_layout, self.last_overlap_is_acceptance = layout, judgement.overlap_is_acceptance
-        new_tokens, num_new = self.emit(proposal, judgement)  # 4
-        kept_to_eos = torch.where(active, torch.minimum(verdict.num_accepted, num_new), -1)  # [B'] cut at EOS
+        new_tokens, num_new, kept_to_eos = self.emit(proposal, judgement)  # 4
+        kept_to_eos = torch.where(active, kept_to_eos, -1)  # [B'] -1: the row fed holes
         self.log.add(self.rows.original, kept_to_eos, proposal, judgement)  # 5
         host = self.sync(proposal, judgement, num_new, kept_or_idle)  # 6
         outcome = StepOutcome(
@@ -182,10 +182,11 @@ class DecodeRun:
         return self.target.feed(proposal.tokens, layout, active, num_logits=layout.num_nodes + 1,
                                 hidden_layers=self.decoder.state_layers)
 
-    def emit(self, proposal: Proposal, judgement: Judgement) -> tuple[torch.Tensor, torch.Tensor]:
+    def emit(self, proposal: Proposal, judgement: Judgement) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Write each row's new tokens into the output and advance the rows in place: [B', d+1] new tokens (the
-        accepted path's tokens, then the next token) and [B'] how many of them each row emits (cut at EOS and the
-        budget)."""
+        accepted path's tokens, then the next token), [B'] how many of them each row emits (cut at EOS and the
+        budget) and [B'] the drafts each row kept up to its EOS (a draft past an EOS is not kept; one past the
+        budget, which the device step's fixed k can draft, was accepted and counts)."""
         rows, verdict, new_tokens = self.rows, judgement.verdict, judgement.new_tokens
         depth = proposal.layout.depth
         if new_tokens is None:
@@ -198,10 +199,12 @@ class DecodeRun:
         self.output.index_put_((rows.original.unsqueeze(1), slots), new_tokens)  # past num_new: rewritten or unread
         rows.emitted += num_new
         rows.remaining -= num_new
+        kept = verdict.num_accepted  # [B']
         if no_eos is not None:
             rows.remaining *= no_eos
+            kept = torch.where(no_eos, kept, torch.minimum(kept, num_new))  # cut where an EOS was emitted
         rows.active.copy_(rows.remaining > 0)
-        return new_tokens, num_new
+        return new_tokens, num_new, kept
 
     def sync(self, proposal: Proposal, judgement: Judgement, num_new: torch.Tensor,
              kept_or_idle: torch.Tensor) -> HostSync | None:

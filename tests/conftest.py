@@ -181,3 +181,24 @@ def watch_forwards(model: torch.nn.Module):
     finally:
         hook.remove()
         LeanForward.__call__ = lean_call
+
+
+# The fast tier (`python -m pytest -m fast`, docs/testing.md): the library's parts on plain tensors and tiny models,
+# what a newcomer runs first. Marked by file; a file's slow tests stay out of it.
+FAST_FILES = {
+    "test_cache.py", "test_compiled_widths.py", "test_constructor_checks.py", "test_custom_parts.py",
+    "test_device_step.py", "test_distribution.py", "test_drafters.py", "test_generate.py", "test_greedy_equality.py",
+    "test_interfaces.py", "test_lean.py", "test_library_checks.py", "test_library_inputs.py", "test_metrics.py",
+    "test_models.py", "test_policies.py", "test_prompts.py", "test_strategies.py", "test_target_states.py",
+    "test_token_bridge.py",
+}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fast: the fast tier, the library's parts on plain tensors and tiny models")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in FAST_FILES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.fast)

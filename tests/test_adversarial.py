@@ -1,4 +1,4 @@
-"""The adversarial pass of tests/adversarial.py as tests: every probe must show the class it is registered with, and
+"""The adversarial passes of tests/probes/ as tests: every probe must show the class it is registered with, and
 none may be a traceback or silently wrong (a wrong output, a row lost or counted twice). Probes that start
 subprocesses or read large inputs are slow."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adversarial import (
+from probes import (
     AREAS, CLASSES, CLEAR, CORRECT, FAILURES, ISSUES, NOT_RUN, PROBES, SILENTLY_ACCEPTED, SILENTLY_WRONG, TRACEBACK,
     Outcome, agreement, before_table, refusal, run_probe, table,
 )

@@ -141,8 +141,8 @@ def test_the_loop_depends_on_interfaces_only(module):
     policy or tree module: parts come in through the interfaces and declare what they can do."""
     path = REPO / "specdec" / f"{module}.py"
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    calls = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
-    assert "isinstance" not in calls and "type" not in calls
+    calls = {called_name(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    assert not calls & {"isinstance", "issubclass", "type"}
     imported = imported_names(path, f"specdec.{module}")
     assert not {name for name in imported for part in CONCRETE_PARTS if name == part or name.startswith(part + ".")}
 
@@ -151,9 +151,40 @@ def test_no_module_keeps_a_cache_of_its_own():
     """Tensors kept between calls (static buffers, tree layouts on a device, compiled forwards) hang off an owner
     whose ``release`` frees them (a CachedModel, a drafter); no module-level memo (functools' caches) holds any."""
     for path in sorted((REPO / "specdec").rglob("*.py")):
-        decorators = [ast.unparse(decorator) for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-                      if isinstance(node, (ast.FunctionDef, ast.ClassDef)) for decorator in node.decorator_list]
-        assert not [name for name in decorators if "cache" in name], path
+        assert memo_decorators(path.read_text(encoding="utf-8")) == [], path
+
+
+MEMOS = ("functools.cache", "functools.lru_cache", "functools.cached_property")
+
+
+def memo_decorators(source: str) -> list[str]:
+    """Decorators of ``source`` that are functools' memos, however imported or renamed (``from functools import
+    lru_cache as memo``, ``import functools as ft``)."""
+    tree = ast.parse(source)
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases.update({alias.asname or alias.name: alias.name for alias in node.names})
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            aliases.update({alias.asname or alias.name: f"{node.module}.{alias.name}" for alias in node.names})
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for decorator in node.decorator_list:
+                target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                head, _, rest = ast.unparse(target).partition(".")
+                resolved = aliases.get(head, head) + (f".{rest}" if rest else "")
+                if resolved in MEMOS:
+                    found.append(resolved)
+    return found
+
+
+@pytest.mark.parametrize("source", ["from functools import lru_cache as memo\n@memo(None)\ndef f(): pass",
+                                    "import functools as ft\n@ft.cache\ndef f(): pass",
+                                    "from functools import cached_property\nclass A:\n    @cached_property\n"
+                                    "    def f(self): pass"])
+def test_the_memo_check_sees_a_memo_however_it_is_imported(source):
+    assert memo_decorators(source)
 
 
 def test_no_module_keeps_a_registry_keyed_by_object_identity():
@@ -161,7 +192,7 @@ def test_no_module_keeps_a_registry_keyed_by_object_identity():
     table keyed by id(...) outlives them."""
     for path in sorted((REPO / "specdec").rglob("*.py")):
         calls = [node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "id"]
+                 if isinstance(node, ast.Call) and called_name(node.func) == "id"]
         assert not calls, path
 
 
@@ -213,46 +244,156 @@ def test_the_two_drivers_share_no_block_of_four_lines():
 def test_the_bench_scripts_share_no_block_of_six_lines():
     scripts = [REPO / "experiments" / name for name in ("bench.py", "tree_bench.py", "tree_search.py",
                                                          "shapes_bench.py", "gpu_suite.py")]
+    scripts += sorted((REPO / "experiments" / "gpu").glob("*.py"))
     for i, first in enumerate(scripts):
         for second in scripts[i + 1 :]:
             shared = normalized_windows(first, 6) & normalized_windows(second, 6)
             assert not shared, (first.name, second.name, sorted(shared)[:1])
 
 
+def probes(source: str) -> list[str]:
+    """The capability probes in ``source``, whatever the probed object is called: every ``hasattr``, a
+    ``getattr`` that names the attribute as a constant or gives a default (asking whether a part has something),
+    and a read of ``__module__`` or ``__class__`` (where a part's code lives, what it is)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and called_name(node.func) in ("hasattr", "getattr"):
+            constant = len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+            if called_name(node.func) == "hasattr" or constant or len(node.args) > 2:
+                found.append(ast.unparse(node))
+        if isinstance(node, ast.Attribute) and node.attr in ("__module__", "__class__"):
+            found.append(ast.unparse(node))
+    return found
+
+
+def called_name(func: ast.AST) -> str | None:
+    """The name a call's function is reached by: ``f`` for ``f(...)`` and for ``builtins.f(...)``."""
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
 @pytest.mark.parametrize("module", ["step", "decode", "device_loop", "api"])
 def test_capabilities_are_declared_not_probed(module):
-    """The loop reads what a part declares: it never probes a part (drafter, strategy, policy, sampling) with
-    getattr / hasattr, nor reads where its code lives (``__module__``)."""
-    tree = ast.parse((REPO / "specdec" / f"{module}.py").read_text(encoding="utf-8"))
-    probes = [ast.unparse(node) for node in ast.walk(tree) if isinstance(node, ast.Call)
-              and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
-              and any(part in ast.unparse(node.args[0]) for part in ("drafter", "strategy", "draft_length", "sampling"))]
-    attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
-    assert not probes and "__module__" not in attributes, probes
+    """The loop reads what a part declares: it never probes a part with hasattr, getattr of a named attribute or
+    with a default, nor reads where its code lives (``__module__``) or its class."""
+    assert probes((REPO / "specdec" / f"{module}.py").read_text(encoding="utf-8")) == []
+
+
+@pytest.mark.parametrize("source", ["def f(part):\n    return getattr(part, 'drafts_trees', False)",
+                                    "def f(x):\n    return hasattr(x, 'select_rows')",
+                                    "def f(thing):\n    return thing.__class__.__module__",
+                                    "import builtins\ndef f(p):\n    return builtins.getattr(p, 'k')"])
+def test_the_probe_check_sees_a_probe_whatever_the_part_is_called(source):
+    assert probes(source)
 
 
 def test_every_class_has_one_name():
-    """No two classes of the library share a name (one ``Decoder``)."""
+    """No two classes of the project (library, apps, analysis) share a name (one ``Decoder``, one ``Plan``)."""
     names = {}
-    for path in sorted((REPO / "specdec").rglob("*.py")):
+    for path in library_and_apps():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef):
                 names.setdefault(node.name, []).append(path.name)
     assert not {name: paths for name, paths in names.items() if len(paths) > 1}
 
 
+def enclosing_definitions(tree: ast.AST):
+    """(node, class name or None, function name or None) for every node of a module, with the innermost class
+    and function that hold it."""
+    def walk(node, cls, function):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                yield from walk(child, child.name, None)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield child, cls, function
+                yield from walk(child, cls, child.name)
+            else:
+                yield child, cls, function
+                yield from walk(child, cls, function)
+    yield from walk(tree, None, None)
+
+
+def binds(method, call: ast.Call) -> bool:
+    """Whether ``call``'s arguments (counted, not evaluated) fit ``method``'s signature, self bound."""
+    import inspect
+
+    if any(isinstance(arg, ast.Starred) for arg in call.args) or any(kw.arg is None for kw in call.keywords):
+        return True  # *args or **kwargs: could be anything
+    try:
+        inspect.signature(method).bind(None, *call.args, **{kw.arg: None for kw in call.keywords})
+    except TypeError:
+        return False
+    return True
+
+
+def cache_rollbacks(source: str) -> list[str]:
+    """Every use of ``KVCache.keep`` in ``source`` but the context's own call and a cache subclass's call of its
+    base: a ``.keep`` called with arguments that fit ``KVCache.keep`` and not ``CachedContext.keep`` (which takes
+    the queue too), a ``.keep`` taken without calling it (an alias), ``getattr(..., "keep")``; whatever the
+    receiver is called."""
+    from specdec.cache import KVCache
+    from specdec.context import CachedContext
+
+    nodes = list(enclosing_definitions(ast.parse(source)))
+    call_of = {id(node.func): node for node, _, _ in nodes if isinstance(node, ast.Call)}
+    aliased = {id(value) for node, _, _ in nodes for value in aliasing_values(node)}
+    uses = []
+    for node, cls, function in nodes:
+        where = f"{cls}.{function}"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and any(
+                isinstance(arg, ast.Constant) and arg.value == "keep" for arg in node.args):
+            uses.append(f"{where}: {ast.unparse(node)}")
+        if not isinstance(node, ast.Attribute) or node.attr != "keep" or isinstance(node.ctx, ast.Store):
+            continue
+        if (cls, function) == ("CachedContext", "keep"):
+            continue  # the one call
+        if function == "keep" and isinstance(node.value, ast.Call) and ast.unparse(node.value) == "super()":
+            continue  # a cache's keep extending its base's
+        call = call_of.get(id(node))
+        if call is None and id(node) in aliased or call is not None and (
+                binds(KVCache.keep, call) or not binds(CachedContext.keep, call)):
+            uses.append(f"{where}: {ast.unparse(call or node)}")
+    return uses
+
+
+def aliasing_values(node: ast.AST) -> list[ast.AST]:
+    """The expressions ``node`` binds to a name or hands on as a callable: an assignment's value, a return's, a
+    keyword argument's, a lambda's body, ``partial``'s first argument. (A ``.keep`` read elsewhere is a field of
+    that name, such as a resync's count of tokens kept.)"""
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.Return, ast.keyword)):
+        return [node.value] if node.value is not None else []
+    if isinstance(node, ast.Lambda):
+        return [node.body]
+    if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("partial") and node.args:
+        return [node.args[0]]
+    return []
+
+
+def library_and_apps() -> list[Path]:
+    return [path for package in PACKAGES for path in sorted((REPO / package).rglob("*.py"))]
+
+
 def test_a_context_is_rolled_back_in_one_place():
-    """``KVCache.keep`` is called by ``CachedContext.keep`` alone: every owner's rollback goes through it."""
-    callers = []
-    for path in sorted((REPO / "specdec").rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for function in ast.walk(tree):
-            if isinstance(function, ast.FunctionDef):
-                for node in ast.walk(function):
-                    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "keep"
-                            and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "cache"):
-                        callers.append(f"{path.name}:{function.name}")
-    assert callers == ["context.py:keep"]
+    """``KVCache.keep`` is called by ``CachedContext.keep`` alone: every owner's rollback goes through it. Read from
+    the code, by what a call's arguments fit, not by how its receiver is spelled."""
+    assert [] == [f"{path.relative_to(REPO)}: {use}" for path in library_and_apps()
+                  for use in cache_rollbacks(path.read_text(encoding="utf-8"))]
+
+
+@pytest.mark.parametrize("source", [
+    "def f(c, kept):\n    c.keep(kept, prefix=True, max_kept=0)",
+    "def f(store, kept):\n    store.cache_of_mine.keep(kept, True, 0)",
+    "def f(cache):\n    rollback = cache.keep\n    rollback(1, True)",
+    "def f(cache):\n    return functools.partial(cache.keep, prefix=True)",
+    "def f(cache):\n    getattr(cache, 'keep')(1, True)",
+    "class Other:\n    def keep(self, kept):\n        self.cache.keep(kept, True)",
+])
+def test_the_rollback_check_sees_a_call_however_it_is_spelled(source):
+    assert cache_rollbacks(source)
+
+
+def test_the_rollback_check_passes_a_contexts_own_calls_and_fields_named_keep():
+    assert not cache_rollbacks("def f(ctx, kept, q, r):\n    ctx.keep(kept, True, None, q, None)\n"
+                               "    return r.prefix[: r.keep] + [min(r.keep, 3)]")
 
 
 def overridden(cls: type, name: str) -> bool:
@@ -289,3 +430,39 @@ def test_no_parameter_goes_unread():
                 unread += [f"{name}.{function.name}({argument.arg})" for argument in arguments
                            if argument.arg not in ("self", "cls") and argument.arg not in read]
     assert not unread, unread
+
+
+# What architecture pass 4 promised --------------------------------------------------------------------------------
+
+ENTRY_POINTS = {"main", "parse_args"}  # one interface: every app's command line
+# Top-level functions still named alike in two modules, each in code another pass of issue 41 moves or merges
+# (training, the run directory, the cost model, analysis); a name added to a second module fails the test below.
+SHARED_ELSEWHERE = {
+    "build", "check_device", "check_known_keys", "check_pair", "check_tokenizer", "compare", "encode", "names",
+    "is_int", "is_number", "label", "left_padded", "measure", "one_line", "pooled", "predicted_speedup", "refuse",
+    "run", "special_ids", "title", "train", "unfinished_runs", "write_config", "write_report",
+}
+
+
+def shared_function_names() -> dict[str, list[str]]:
+    modules = {}
+    for path in library_and_apps():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                modules.setdefault(node.name, []).append(module_name(path))
+    return {name: where for name, where in modules.items() if len(where) > 1}
+
+
+def test_no_two_modules_define_a_function_of_one_name_unless_it_is_one_interface():
+    shared = shared_function_names()
+    assert {name: where for name, where in shared.items() if name not in ENTRY_POINTS | SHARED_ELSEWHERE} == {}
+
+
+# Files another pass of issue 41 splits or moves (the run directory's files, the runner with its provenance).
+LONG_ELSEWHERE = {"rundir.py", "runner.py"}
+
+
+def test_no_file_of_the_apps_is_over_600_lines():
+    long = {str(path.relative_to(REPO)): count for path in sorted((REPO / "experiments").rglob("*.py"))
+            if (count := len(path.read_text(encoding="utf-8").splitlines())) > 600 and path.name not in LONG_ELSEWHERE}
+    assert long == {}

@@ -15,6 +15,7 @@ import specdec
 from experiments import bench, harness, tree_bench
 from specdec.batching import left_pad
 from specdec.cache import CachedModel
+from specdec.costs import CostModel
 from specdec.profile import time_forwards
 
 
@@ -362,30 +363,30 @@ def test_tree_bench_refuses_a_negative_temperature_before_loading(capsys):
 def test_cost_profile_is_in_seconds_and_the_tables_print_milliseconds():
     """A ticking clock makes every forward last one second."""
     costs = harness.cost_profile(tiny_pair(), torch.tensor([[3, 4, 5, 6]]), [1, 3], repeats=1, clock=TickingClock())
-    assert costs == harness.CostProfile(draft_step=1.0, target={1: 1.0, 3: 1.0})
-    assert costs.cost_ratio == 1.0 and costs.verify(2) == 1.0
+    assert costs == CostModel.at_batch_one(draft_step=1.0, target={1: 1.0, 3: 1.0})
+    assert costs.cost_ratio() == 1.0 and costs.verify(2) == 1.0
     assert bench.cost_row(costs) == {"draft_forward_1_ms": 1000.0, "target_forward_1_ms": 1000.0,
                                      "target_forward_3_ms": 1000.0, "cost_ratio": 1.0}
     assert costs.milliseconds() == {"draft": 1000.0, "target_1": 1000.0, "target_3": 1000.0}
 
 
 def test_measured_cost_prediction_is_unitless_and_is_leviathans_when_verifying_costs_one_step():
-    seconds = harness.CostProfile(draft_step=0.001, target={1: 0.010, 3: 0.012})
-    milliseconds = harness.CostProfile(draft_step=1.0, target={1: 10.0, 3: 12.0})
+    seconds = CostModel.at_batch_one(draft_step=0.001, target={1: 0.010, 3: 0.012})
+    milliseconds = CostModel.at_batch_one(draft_step=1.0, target={1: 10.0, 3: 12.0})
     # E = 1 + 0.5 + 0.25 tokens per step; a step costs 2 drafts and a verify of 3 tokens: 2 * 1 + 12 ms
-    assert harness.measured_cost_speedup(0.5, 2, seconds) == pytest.approx(1.75 * 10 / 14)
-    assert harness.measured_cost_speedup(0.5, 2, milliseconds) == pytest.approx(1.75 * 10 / 14)
-    one_step = harness.CostProfile(draft_step=0.002, target={1: 0.010, 3: 0.010})
-    assert harness.measured_cost_speedup(0.7, 2, one_step) == pytest.approx(specdec.predicted_speedup(0.7, 2, 0.2))
+    assert seconds.speedup(0.5, 2) == pytest.approx(1.75 * 10 / 14)
+    assert milliseconds.speedup(0.5, 2) == pytest.approx(1.75 * 10 / 14)
+    one_step = CostModel.at_batch_one(draft_step=0.002, target={1: 0.010, 3: 0.010})
+    assert one_step.speedup(0.7, 2) == pytest.approx(specdec.predicted_speedup(0.7, 2, 0.2))
 
 
 def test_predicted_table_sets_the_formula_beside_the_measured_costs():
-    costs = harness.CostProfile(draft_step=0.001, target={1: 0.010, 2: 0.011, 3: 0.012})
+    costs = CostModel.at_batch_one(draft_step=0.001, target={1: 0.010, 2: 0.011, 3: 0.012})
     rows = bench.predicted_table(costs, [1, 2])
     assert [(row["alpha"], row["verify cost"]) for row in rows] == [
         (alpha, kind) for alpha in (0.6, 0.7, 0.8) for kind in ("1 step (formula)", "measured")]
     assert rows[0]["k=2"] == round(specdec.predicted_speedup(0.6, 2, 0.1), 2)
-    assert rows[1]["k=2"] == round(harness.measured_cost_speedup(0.6, 2, costs), 2)
+    assert rows[1]["k=2"] == round(costs.speedup(0.6, 2), 2)
 
 
 def test_random_prompts_are_the_same_for_the_same_seed():

@@ -230,3 +230,123 @@ def test_a_cross_tokenizer_pair_is_bounded_by_the_targets_context_alone(tiny, wo
 def test_the_same_tokenizer_object_on_both_sides_is_a_model_drafter(word_tokenizer):
     drafter = CrossTokenizerDrafter(tiny_gpt2(1, layers=1, vocab=len(word_tokenizer)), word_tokenizer, word_tokenizer)
     assert drafter.bridge is None and drafter.bounds_context
+
+
+# --- trained drafters check at construction what generate needs (issue 43) ------------------------------------------
+
+@pytest.fixture(scope="module")
+def head_target():
+    return tiny_gpt2(0, layers=2)
+
+
+def test_an_eagle_head_in_another_dtype_than_its_target_is_refused_at_construction(head_target):
+    from specdec.eagle import EagleDrafter
+    from specdec.heads import EagleHead
+
+    with pytest.raises(ValueError) as error:
+        EagleDrafter(EagleHead(head_target).half(), head_target)
+    assert "fc.weight is float16 on cpu, the target float64 on cpu; move it with .to(" in one_line(error)
+
+
+def test_medusa_heads_in_another_dtype_or_width_are_refused_at_construction(head_target):
+    from specdec.heads import MedusaHeads
+    from specdec.medusa import MedusaDrafter
+
+    with pytest.raises(ValueError) as error:
+        MedusaDrafter(MedusaHeads(head_target, 2).half(), head_target)
+    assert "blocks.0.weight is float16" in one_line(error)
+    with pytest.raises(ValueError) as error:
+        MedusaDrafter(MedusaHeads(tiny_gpt2(1, layers=1, width=48), 2), head_target)
+    assert "hidden states of width 48; the target's are 32 wide" in one_line(error)
+
+
+@pytest.mark.parametrize("draft_ids, shown", [([], "got an empty list"), ([1, 97], "token id 97, outside"),
+                                              ([-1, 3], "token id -1, outside")])
+def test_draft_ids_empty_or_outside_the_vocabulary_are_refused(head_target, draft_ids, shown):
+    from specdec.heads import EagleHead
+
+    with pytest.raises(ValueError) as error:
+        EagleHead(head_target, draft_ids=draft_ids)
+    assert shown in one_line(error)
+
+
+def test_a_head_whose_draft_ids_were_changed_after_construction_is_refused_by_the_drafter(head_target):
+    from specdec.eagle import EagleDrafter
+    from specdec.heads import EagleHead
+
+    head = EagleHead(head_target, draft_ids=[1, 2, 3])
+    head.draft_ids[2] = 500  # e.g. a buffer loaded from a damaged file
+    with pytest.raises(ValueError) as error:
+        EagleDrafter(head, head_target)
+    assert "token id 500, outside the target's vocabulary [0, 97)" in one_line(error)
+
+
+@pytest.mark.parametrize("tree, shown", [
+    ((8, 3), "tree must be [node_budget, depth, top_k] (three integers) or None, got (8, 3)"),
+    ("big", "tree must be [node_budget, depth, top_k] (three integers) or None, got 'big'"),
+    ((200, 2, 150), "tree top_k=150 gives a node 150 children, more than the draft's vocabulary of 97 tokens"),
+])
+def test_eagle_trees_of_the_wrong_shape_or_wider_than_the_vocabulary_are_refused(head_target, tree, shown):
+    from specdec.eagle import EagleDrafter
+    from specdec.heads import EagleHead
+
+    with pytest.raises(ValueError) as error:
+        EagleDrafter(EagleHead(head_target), head_target, tree=tree)
+    assert shown in one_line(error)
+
+
+def test_an_eagle_tree_wider_than_the_reduced_vocabulary_is_refused(head_target):
+    from specdec.eagle import EagleDrafter
+    from specdec.heads import EagleHead
+
+    with pytest.raises(ValueError) as error:
+        EagleDrafter(EagleHead(head_target, draft_ids=[1, 2, 3]), head_target, tree=(8, 2, 5))
+    assert "top_k=5 gives a node 5 children, more than the draft's vocabulary of 3 tokens" in one_line(error)
+
+
+def test_a_medusa_tree_wider_than_the_vocabulary_is_refused(head_target):
+    from specdec.heads import MedusaHeads
+    from specdec.medusa import MedusaDrafter
+
+    with pytest.raises(ValueError) as error:
+        MedusaDrafter(MedusaHeads(head_target, 2), head_target, tree=(150, 1))
+    assert "tree [150, 1] gives a node 150 children, more than the draft's vocabulary of 97" in one_line(error)
+
+
+def test_eagle_feature_layers_beyond_the_target_are_refused(head_target):
+    from specdec.heads import EagleHead
+
+    with pytest.raises(ValueError) as error:
+        EagleHead(head_target, feature_layers=(99,))
+    assert "layers [99] must be distinct hidden-state indices in [-3, 2] for a target of 2 blocks" in one_line(error)
+
+
+def test_a_checkpoint_whose_feature_layers_were_edited_is_refused_and_the_saved_one_loads(head_target, tmp_path):
+    import json
+
+    from specdec.checkpoints import CONFIG_FILE, save_drafter
+    from specdec.eagle import EagleDrafter
+    from specdec.heads import EagleHead
+
+    head = EagleHead(head_target, feature_layers=(0, 1, 2))
+    save_drafter(tmp_path, "eagle", head, head.options, head_target)
+    loaded = EagleDrafter.from_pretrained(tmp_path, head_target)
+    assert loaded.head.feature_layers == (0, 1, 2)
+    config = json.loads((tmp_path / CONFIG_FILE).read_text())
+    config["options"]["feature_layers"] = [1, 2, 0]  # the same shapes, other features
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(config))
+    with pytest.raises(ValueError) as error:
+        EagleDrafter.from_pretrained(tmp_path, head_target)
+    assert "gives options" in one_line(error) and "but its weights were saved with" in str(error.value)
+
+
+@pytest.mark.parametrize("content, shown", [("[]", "holds a JSON list, not an object"),
+                                            ('{"kind": "eagle", "options": {}}', "no 'target'"),
+                                            ('{"kind": "eagle", "target": {}}', "no 'options'")])
+def test_a_damaged_drafter_config_is_refused_in_one_line(tmp_path, content, shown):
+    from specdec.checkpoints import CONFIG_FILE, read_drafter_config
+
+    (tmp_path / CONFIG_FILE).write_text(content)
+    with pytest.raises(ValueError) as error:
+        read_drafter_config(tmp_path, "eagle")
+    assert shown in one_line(error)

@@ -61,7 +61,7 @@ def walkthrough(tmp_path, monkeypatch) -> list[list[str]]:
 
 @pytest.mark.slow
 def test_the_walkthrough_runs_as_written_and_its_report_names_the_parts(walkthrough, tiny, tmp_path, monkeypatch):
-    by_target, by_targets, sweep = walkthrough
+    by_target, by_targets, sweep, _ = walkthrough
     assert sweep[0] == "-m" and "hydra.searchpath=[file://my_configs]" in sweep
     size = tiny_overrides(tiny, num_prompts=3, max_new_tokens=6, warmup=0)
 

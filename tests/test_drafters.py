@@ -24,6 +24,7 @@ from specdec.drafters import ModelDrafter
 from specdec.early_exit import EarlyExitDrafter, shallow_view
 from specdec.rules import count_leading_true
 from specdec.ngram import NGramDrafter
+from specdec.costs import CostModel, CostTable
 from specdec.policies import ConfidenceLength, CostOptimalLength, FixedLength, HeuristicLength
 from specdec.sampling import SamplingConfig, sample
 from specdec.rules import probs_of, row_at
@@ -67,13 +68,16 @@ DRAFTERS = {
     "ngram": lambda: NGramDrafter(max_ngram=3, min_ngram=1),
     "early_exit": lambda: EarlyExitDrafter(TARGET, 1),
 }
+# Drafts cheap beside a verification that does not grow with its tokens: cost_optimal drafts at the prior and drops
+# to plain decode steps (k = 0) once it has seen the tiny random models' low acceptance.
+CHEAP_DRAFTS = CostModel(CostTable.of_widths({n: 1.0 for n in range(1, 8)}), CostTable.of_widths({1: 0.05}))
 # Confidence: tiny random models are unsure (top probability ~0.015 of 97 tokens); this threshold cuts drafts at
 # varying lengths, which the test checks.
 POLICIES = {
     "fixed": lambda: FixedLength(3),
     "heuristic": lambda: HeuristicLength(k0=2, k_min=1, k_max=6),
     "confidence": lambda: ConfidenceLength(threshold=0.016, k_max=5),
-    "cost_optimal": lambda: CostOptimalLength(k_max=6, prior_acceptance=0.7, prior_cost_ratio=0.1),
+    "cost_optimal": lambda: CostOptimalLength(k_max=6, prior_acceptance=0.7, costs=CHEAP_DRAFTS),
 }
 GRID = list(itertools.product(DRAFTERS, POLICIES))
 

@@ -134,7 +134,7 @@ def test_a_tree_the_pairs_vocabulary_cannot_hold_is_refused_before_measuring(mon
     (["sampling=t2"], "sampling=t2 is not an option of sampling; options: greedy, t07, t07_topp09, t1"),
     (["-m", "sampling=t1,t3"], "sampling=t3 is not an option of sampling"),
     (["-m", "sampling=choice(t1,hot)"], "sampling=hot is not an option of sampling"),
-    (["drafter=modle"], "drafter=modle is not an option of drafter; options: cross_tokenizer, dynamic_tree, "
+    (["drafter=modle"], "drafter=modle is not an option of drafter; options: chains, cross_tokenizer, dynamic_tree, "
                         "eagle, early_exit, medusa, model, ngram, tree, tree_searched; did you mean drafter=model?"),
     (["+strategy=fast"], "strategy=fast is not an option of strategy"),
     (["hydra/launcher=nope"], "hydra/launcher=nope is not an option of hydra/launcher"),

@@ -489,6 +489,8 @@ def test_wandb_failures_warn_once_and_the_run_goes_on(fail_on, tiny, tmp_path, m
         summary = json.loads((run_dir / "summary.json").read_text())
         assert run.summary["speedup"] == summary["pooled"]["speedup"]["value"] > 0 and run.finished
         assert run.summary["per_prompt/speedup"] == summary["metrics"]["speedup"]["mean"]
+        provenance = run.config.pop("provenance")  # the run's code and weights, as summary.json names them
+        assert provenance["git_commit"] == summary["provenance"]["git_commit"]
         assert run.config == {"device": "cpu", "dtype": "float32", "k": 4,
                               "requested": {"device": "cpu", "dtype": "float32"}}
         assert run.kwargs["settings"]["init_timeout"] == 15.0  # not W&B's 90 s: an unreachable server costs seconds

@@ -18,10 +18,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import specdec
 
 from experiments import gpu_suite
-from experiments.gpu_suite import (
-    HEADLINE_KEYS, SHORT, Budget, Estimates, GraphCounter, Suite, device_kind, section_budget, smoke, step_timeline,
-    tiny_gpt2, union_length,
-)
+from experiments.gpu import preflight, sections
+from experiments.gpu.models import device_kind, tiny_gpt2
+from experiments.gpu.plan import HEADLINE_KEYS, SHORT, smoke
+from experiments.gpu.schedule import Budget, Estimates, Suite, section_budget
+from specdec.trace import step_timeline, union_length
 from specdec.batching import left_pad
 
 SMOKE = smoke(SHORT)
@@ -96,7 +97,7 @@ def test_a_failing_section_is_recorded_and_the_next_one_runs(tmp_path, monkeypat
     def broken(suite, budget):
         raise RuntimeError("no device copy here\nsecond line")
 
-    monkeypatch.setitem(gpu_suite.SECTIONS, "bandwidth", broken)
+    monkeypatch.setitem(sections.SECTIONS, "bandwidth", broken)
     payload = gpu_suite.main(["--smoke", "--out", str(tmp_path), "--sections", "bandwidth,host_reads"])
     assert payload["sections"]["bandwidth"]["status"] == "failed"
     assert payload["sections"]["bandwidth"]["error"] == "RuntimeError: no device copy here"
@@ -129,9 +130,9 @@ def test_the_gpu_plans_refuse_a_machine_without_cuda(capsys):
 
 def test_a_failed_preflight_skips_every_device_step_item_and_says_why(tmp_path, monkeypatch):
     """The device step refused: the items that run it are skipped with the preflight's reason; the others run."""
-    monkeypatch.setattr(gpu_suite, "preflight_checks", lambda plan: [
-        gpu_suite.check("greedy on a fresh capture: the host loop's tokens", True, "equal"),
-        gpu_suite.check("greedy on a kept capture: the host loop's tokens", False, "row 1 differs from token 3")])
+    monkeypatch.setattr(preflight, "preflight_checks", lambda plan: [
+        preflight.check_row("greedy on a fresh capture: the host loop's tokens", True, "equal"),
+        preflight.check_row("greedy on a kept capture: the host loop's tokens", False, "row 1 differs from token 3")])
     payload = gpu_suite.main(["--smoke", "--out", str(tmp_path), "--sections",
                               "ar_batch1,cost_ratio,speculative,spec_acceptances,host_reads"])
     why = "greedy on a kept capture: the host loop's tokens: row 1 differs from token 3"
@@ -153,7 +154,7 @@ def test_a_preflight_that_raises_fails_with_its_error(tmp_path, monkeypatch):
     def broken(plan):
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
 
-    monkeypatch.setattr(gpu_suite, "preflight_checks", broken)
+    monkeypatch.setattr(preflight, "preflight_checks", broken)
     payload = gpu_suite.main(["--smoke", "--out", str(tmp_path), "--sections", "host_reads"])
     assert payload["preflight"] == ("failed: the checks ran: RuntimeError: CUDA error: operation not permitted when "
                                     "stream is capturing")
@@ -180,7 +181,7 @@ def test_both_files_are_written_after_every_item(tmp_path, monkeypatch):
 def test_the_profile_traces_a_call_on_a_kept_capture(tmp_path):
     payload = gpu_suite.main(["--smoke", "--profile", "4", "--out", str(tmp_path)])
     [row] = payload["tables"]["profile"]
-    assert row["k"] == 4 and row["emitted"] == gpu_suite.PROFILE_NEW_TOKENS and row["target_forwards"] > 1
+    assert row["k"] == 4 and row["emitted"] == sections.PROFILE_NEW_TOKENS and row["target_forwards"] > 1
     assert row["graph_launches"] == 0  # CPU: no graphs, no device kernels
     with gzip.open(tmp_path / "trace-k4.json.gz") as trace:
         assert json.load(trace)["traceEvents"]
@@ -206,22 +207,6 @@ def test_the_step_timeline_counts_device_time_against_gaps_from_the_first_graph_
         ("gemv", 2, 90), ("attention", 1, 20)]
     assert step_timeline([{"cat": "cpu_op", "name": "x", "ts": 0, "dur": 1}])["busy_share"] is None
     assert union_length([(0, 10), (5, 12), (20, 25)]) == 17
-
-
-def test_the_graph_counter_counts_captures_and_replays_and_puts_the_methods_back(monkeypatch):
-    graph = torch.cuda.CUDAGraph
-    monkeypatch.setattr(graph, "capture_begin", lambda self, *args, **kwargs: None)  # no CUDA here
-    monkeypatch.setattr(graph, "replay", lambda self: None)
-    plain = graph.capture_begin, graph.replay
-    fake = object.__new__(graph)
-    with GraphCounter(True) as graphs:
-        graph.capture_begin(fake)
-        for _ in range(3):
-            graph.replay(fake)
-    assert graphs.counts() == (1, 3) and (graph.capture_begin, graph.replay) == plain
-    with GraphCounter(False) as graphs:
-        graph.replay(fake)
-    assert graphs.counts() == (0, 0)
 
 
 # --- the budget logic ---------------------------------------------------------------------------------------------
@@ -570,6 +555,8 @@ def test_a_kept_capture_serves_later_calls_of_the_same_shapes(graph_semantics):
     for ids, mask in batches:
         assert device.generate(ids, mask, max_new_tokens=20).tokens == host.generate(ids, mask, max_new_tokens=20).tokens
     assert len(recorders) == 1 and len(device.device_program.captures) == 1 and orphan_reads == []
+    captured, replayed = preflight.graph_counts(device)  # the program's own counts, which the preflight reads
+    assert captured == 1 and replayed > 0
     ids, mask = batches[0]
     assert device.generate(ids, mask, max_new_tokens=30).tokens == host.generate(ids, mask, max_new_tokens=30).tokens
     assert len(recorders) == 2
@@ -597,6 +584,7 @@ def test_a_sampled_call_depends_only_on_its_seed_whether_its_capture_is_fresh_or
     other_seed = kept.generate(ids, mask, max_new_tokens=24, seed=9).tokens  # replays the kept capture
     assert kept.generate(ids, mask, max_new_tokens=24, seed=4).tokens == first  # so does this one
     assert len(recorders) == 1 and other_seed != first  # the seed matters
+    assert preflight.graph_counts(kept)[0] == 1 and preflight.graph_counts(kept)[1] > 0  # what the preflight reads
     assert decoder().generate(ids, mask, max_new_tokens=24, seed=4).tokens == first  # a fresh capture
     assert len(recorders) == 2
 

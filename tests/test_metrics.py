@@ -45,7 +45,7 @@ def test_draft_equal_to_target_keeps_every_draft_of_every_step(target):
 
 def test_the_row_record_the_summary_and_vllms_acceptance_length(target, draft):
     out = decode(target, draft, specdec.Speculative(), k=4)
-    metrics = Metrics.measure(out.stats, out.stats, row=0, k=4, tree=False)
+    metrics = Metrics.measure(out.stats, out.stats, row=0, tree=False)
     h = out.stats.rows[0].steps_by_accepted
     assert metrics.accepted_histogram == h
     rows = [make_row("a", f"p{i}", accepted_histogram=[3, 1, 0, 2]) for i in range(3)]
@@ -73,14 +73,15 @@ def test_rows_without_a_histogram_still_load_and_summarize(tmp_path):
 
 
 def test_the_report_states_the_definitions_and_plots_the_histogram(tmp_path):
-    rows = [make_row("a", f"p{i}", k=3, accepted_histogram=[1, 2, 3, 4]) for i in range(3)]
+    # accepted as the histogram counts it (sum_j j h_j = 20), as every real row has it
+    rows = [make_row("a", f"p{i}", k=3, accepted_histogram=[1, 2, 3, 4], accepted=20) for i in range(3)]
     run = write_run(tmp_path / "run", rows)
     assert main([str(run)]) == 0
     report = (run / "report.md").read_text()
     section = report.split("## Acceptance, as the field reports it")[1].split("## Plots")[0]
     assert "mean acceptance length (AL) = 1 + accepted / drafts" in section and "#mean accepted tokens (τ)" in section
     assert "0: 10%, 1: 20%, 2: 30%, 3: 40%" in section  # the three prompts' histograms summed, as shares
-    assert "| 3 [3, 3] |" in section  # vLLM's AL: 1 + (2 + 6 + 12) / 10 in every prompt
+    assert "| 3 [3, 3] |" in section  # vLLM's AL pooled: 1 + 3 x (2 + 6 + 12) / (3 x 10)
     assert (run / "accepted_histogram.png").read_bytes()[:8] == PNG_SIGNATURE
     assert "](accepted_histogram.png)" in report
 

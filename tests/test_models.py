@@ -42,7 +42,8 @@ def test_embedded_preset_points_into_the_package():
 
 def test_explicit_ids_override_the_preset():
     spec = resolve_pair_ids("gpt2-xl", draft="distilgpt2")
-    assert (spec.draft, spec.target, spec.draft_tokenizer, spec.name) == ("distilgpt2", "gpt2-xl", "distilgpt2", "custom")
+    assert (spec.draft, spec.target, spec.draft_tokenizer, spec.name) == ("distilgpt2", "gpt2-xl", "distilgpt2",
+                                                                            "distilgpt2->gpt2-xl")
     spec = resolve_pair_ids(None, draft="a", target="b")
     assert (spec.draft, spec.target) == ("a", "b")
 
@@ -90,7 +91,7 @@ def test_pair_with_same_tokenizer_loads_from_local_dirs(tmp_path):
     save_tiny_pair_member(tmp_path / "a", corpus)
     save_tiny_pair_member(tmp_path / "b", corpus)
     pair = load_pair(None, draft=str(tmp_path / "a"), target=str(tmp_path / "b"), device="cpu")
-    assert pair.name == "custom" and pair.tokenizer.padding_side == "left"
+    assert pair.name == "a->b" and pair.tokenizer.padding_side == "left"
 
 
 def test_unavailable_model_error_is_one_line_and_names_embedded(monkeypatch, tmp_path):

@@ -5,15 +5,13 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
 from specdec.layout import ChainLayout
 from specdec.types import HostSync, StepOutcome
 from specdec.policies import ConfidenceLength, CostOptimalLength, FixedLength, HeuristicLength
-from specdec.stats import predicted_speedup
+from specdec.costs import CostModel, CostTable
 
 
 def outcome(k: int, accepted: list[int], active: list[bool] | None = None, draft_seconds=0.0, target_seconds=0.0):
@@ -112,95 +110,121 @@ def test_confidence_validates_threshold():
             ConfidenceLength(threshold=bad)
 
 
-# --- CostOptimalLength ----------------------------------------------------------------------------------------
+# --- CostOptimalLength: the load-aware policy -----------------------------------------------------------------
 
 
-def leviathan(alpha: float, k: int, c: float) -> float:
-    """The formula as printed, (1 - a^(k+1)) / ((1 - a)(k c + 1)), for a < 1."""
-    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
+def costs_growing(per_token: float, fixed: float = 1.0, draft: float = 0.1) -> CostModel:
+    """A synthetic machine: the target's forward costs ``fixed`` + ``per_token`` per token computed (rows x width),
+    the draft's step 0.1 of a batch-1 target step per row-independent forward."""
+    rows = [1, 2, 4, 8, 16, 32, 64]
+    target = CostTable({b: {n: fixed + per_token * b * n for n in range(1, 10)} for b in rows})
+    return CostModel(target, CostTable({b: {1: draft} for b in rows}))
 
 
-def brute_force_k(alpha: float, c: float, k_min: int, k_max: int) -> int:
-    """The smallest k whose speedup is within a relative 1e-9 of the best (the policy's documented tie rule)."""
-    values = {k: leviathan(alpha, k, c) for k in range(k_min, k_max + 1)}
-    best = max(values.values())
-    return min(k for k, v in values.items() if v >= best * (1 - 1e-9))
+def brute_force_rate_k(costs: CostModel, alpha: float, rows: int, k_max: int, margin: float) -> int:
+    """The best k by expected tokens per second, written out from the rule in the docstring."""
+    def rate(k):
+        tokens = rows * sum(alpha**i for i in range(k + 1))
+        return tokens / (k * costs.draft_step(rows) + costs.verify(k, rows))
+    best = max(range(1, k_max + 1), key=lambda k: (rate(k), -k))
+    return best if rate(best) > rate(0) * (1 + margin) else 0
 
 
-ALPHAS = [0.05, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99]
-COSTS = [0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 2.0]
+def test_cost_optimal_drafts_nothing_when_verification_grows_steeply_with_the_batch():
+    policy = CostOptimalLength(k_max=8, costs=costs_growing(per_token=1.0))  # compute-bound: cost ~ tokens
+    acceptances = torch.full((16,), 0.8, dtype=torch.float64)
+    assert policy.best_k(acceptances, rows=16) == 0
+    assert policy.best_k(torch.full((64,), 0.9, dtype=torch.float64), rows=64) == 0
 
 
-@pytest.mark.parametrize("k_min,k_max", [(1, 8), (1, 16), (3, 6)])
-def test_cost_optimal_choice_is_the_brute_force_argmax_of_the_predicted_speedup(k_min, k_max):
-    policy = CostOptimalLength(k_max=k_max, k_min=k_min)
-    for alpha, c in itertools.product(ALPHAS, COSTS):
-        assert policy.best_k(alpha, c) == brute_force_k(alpha, c, k_min, k_max), (alpha, c)
-        assert predicted_speedup(alpha, 3, c) == pytest.approx(leviathan(alpha, 3, c))
-    assert policy.best_k(1.0, 0.1) == k_max  # a = 1 (the sum form needs no limit): (k + 1) / (0.1 k + 1) grows
+def test_cost_optimal_drafts_long_when_verification_is_flat_and_acceptance_high():
+    policy = CostOptimalLength(k_max=8, costs=costs_growing(per_token=0.0, draft=0.01))
+    assert policy.best_k(torch.full((16,), 0.95, dtype=torch.float64), rows=16) == 8
+    assert policy.best_k(torch.full((1,), 0.95, dtype=torch.float64), rows=1) == 8
 
 
-def test_cost_optimal_first_choice_comes_from_the_priors():
-    for alpha, c in [(0.7, 0.1), (0.9, 0.02), (0.3, 0.5)]:
-        policy = CostOptimalLength(k_max=10, prior_acceptance=alpha, prior_cost_ratio=c)
-        assert policy.next_k() == brute_force_k(alpha, c, 1, 10)
-        assert policy.chosen_k == [policy.best_k(alpha, c)] and policy.estimates == [(pytest.approx(alpha), c)]
+def test_cost_optimal_shortens_its_draft_as_the_batch_grows():
+    """Verification flat at batch 1, then growing with the tokens computed: k falls with the batch to 0."""
+    policy = CostOptimalLength(k_max=8, costs=costs_growing(per_token=0.08, draft=0.05))
+    ks = [policy.best_k(torch.full((b,), 0.8, dtype=torch.float64), rows=b) for b in (1, 4, 16, 64)]
+    assert ks == sorted(ks, reverse=True) and ks[0] >= 3 and ks[-1] == 0
 
 
-def test_cost_optimal_estimates_follow_the_documented_update():
-    policy = CostOptimalLength(k_max=8, prior_acceptance=0.5, prior_cost_ratio=0.1, decay=0.5, prior_weight=2.0)
-    # Row 0 kept 4 of 4 (4 successes, no rejection); row 1 kept 1 then was rejected (1 success, 1 rejection);
-    # row 2 had finished and is ignored.
-    policy.observe(outcome(4, [4, 1, 0], active=[True, True, False], draft_seconds=0.02, target_seconds=0.01))
-    assert policy.acceptance == pytest.approx((0.5 * 1.0 + 5) / (0.5 * 2.0 + 6))
-    assert policy.cost_ratio == pytest.approx(0.5 * 0.1 + 0.5 * (0.02 / 4 / 0.01))
-    policy.observe(outcome(0, [0, 0, 0]))  # nothing drafted: nothing learned
-    policy.observe(outcome(2, [0, 0, 0], target_seconds=0.0))  # no timing: c unchanged, three rejections
-    assert policy.acceptance == pytest.approx((0.5 * 5.5 + 0) / (0.5 * 7 + 3))
-    assert policy.cost_ratio == pytest.approx(0.3)
-    assert policy.history == [4, 2]
+@pytest.mark.parametrize("per_token", [0.0, 0.005, 0.02, 0.1])
+@pytest.mark.parametrize("alpha", [0.3, 0.6, 0.8, 0.95])
+@pytest.mark.parametrize("rows", [1, 4, 16, 64])
+def test_cost_optimal_choice_is_the_brute_force_argmax_of_tokens_per_second(per_token, alpha, rows):
+    costs = costs_growing(per_token, draft=0.05)
+    policy = CostOptimalLength(k_max=8, costs=costs, margin=0.02)
+    assert policy.best_k(torch.full((rows,), alpha, dtype=torch.float64), rows) == \
+        brute_force_rate_k(costs, alpha, rows, 8, 0.02)
 
 
-def test_cost_optimal_recovers_the_true_acceptance_and_settles_on_the_best_k():
-    """Drafts accepted i.i.d. with a = 0.9 at c = 0.05: the estimate converges to 0.9, where accepted / drafted
-    would converge to E[accepted] / k, well below it, and k settles near the argmax for the true (a, c)."""
-    alpha, c = 0.9, 0.05
-    policy = CostOptimalLength(k_max=16, prior_acceptance=0.5, prior_cost_ratio=0.5, decay=0.99)
-    g = torch.Generator().manual_seed(0)
-    drafted = accepted_total = 0
-    for _ in range(400):
-        k = policy.next_k()
-        kept = (torch.rand(64, k, generator=g) < alpha).long().cumprod(-1).sum(-1)  # [64] leading acceptances
-        drafted, accepted_total = drafted + 64 * k, accepted_total + int(kept.sum())
-        policy.observe(outcome(k, kept.tolist(), draft_seconds=c * k * 0.01, target_seconds=0.01))
-    assert policy.acceptance == pytest.approx(alpha, abs=0.02)
-    assert policy.cost_ratio == pytest.approx(c, abs=0.01)  # 0.99^400 of the prior 0.5 is left
-    assert accepted_total / drafted < alpha - 0.1  # the naive ratio is biased low
-    last_a, last_c = policy.estimates[-1]
-    assert policy.chosen_k[-1] == brute_force_k(last_a, last_c, 1, 16)
-    # The speedup curve is flat near its top: the settled k is near-optimal for the true (a, c).
-    best = leviathan(alpha, brute_force_k(alpha, c, 1, 16), c)
-    assert leviathan(alpha, policy.chosen_k[-1], c) > 0.99 * best
-    assert len(policy.chosen_k) == 400 and policy.chosen_k[0] == brute_force_k(0.5, 0.5, 1, 16)
+def test_cost_optimal_weighs_each_rows_acceptance():
+    """One row that keeps everything and fifteen that keep nothing: the batch drafts as the mean row would not."""
+    policy = CostOptimalLength(k_max=8, costs=costs_growing(per_token=0.002, draft=0.01))
+    mixed = torch.tensor([0.99] + [0.0] * 15, dtype=torch.float64)
+    rates = policy.rates(mixed, rows=16)
+    for k in range(9):
+        tokens = sum(0.99**i for i in range(k + 1)) + 15
+        assert rates[k] == pytest.approx(tokens / (k * 0.01 + 1 + 0.002 * 16 * (k + 1)))
 
 
-def test_cost_optimal_goes_to_the_bounds_when_drafting_is_free_or_useless():
-    cheap = CostOptimalLength(k_max=8, prior_acceptance=0.99, prior_cost_ratio=0.0)
-    assert cheap.next_k() == 8
-    useless = CostOptimalLength(k_max=8, k_min=2, prior_acceptance=0.05, prior_cost_ratio=1.0)
-    assert useless.next_k() == 2
-
-
-def test_cost_optimal_start_resets_to_the_priors():
-    policy = CostOptimalLength(prior_acceptance=0.6, prior_cost_ratio=0.2)
+def test_cost_optimal_estimates_acceptance_per_row_and_follows_rows_that_leave():
+    policy = CostOptimalLength(k_max=4, prior_acceptance=0.5, prior_weight=2.0, decay=0.5,
+                               costs=costs_growing(per_token=0.0))
     policy.next_k()
-    policy.observe(outcome(4, [0], draft_seconds=1.0, target_seconds=0.1))
+    policy.observe(outcome(4, [4, 0, 2]))  # row 0: 4 successes, 4 trials; row 1: 0 of 1; row 2: 2 of 3
+    pooled = (0.5 * 1.0 + 6) / (0.5 * 2.0 + 8)
+    assert policy.acceptance == pytest.approx(pooled)
+    expected = torch.tensor([(4 + 2 * pooled) / (4 + 2), (0 + 2 * pooled) / (1 + 2), (2 + 2 * pooled) / (3 + 2)],
+                            dtype=torch.float64)
+    assert torch.allclose(policy.row_acceptances(), expected)
+    policy.select_rows(torch.tensor([0, 2]))  # row 1 finished and left the batch
+    assert torch.allclose(policy.row_acceptances(), expected[[0, 2]]) and policy.rows_fed == 2
+
+
+def test_cost_optimal_learns_the_machine_from_step_timings():
+    """Steps whose verification takes twice the model's seconds double the target's correction over the steps."""
+    costs = costs_growing(per_token=0.0, fixed=1.0, draft=0.1)
+    policy = CostOptimalLength(k_max=4, costs=costs)
+    for _ in range(40):
+        k = policy.next_k()
+        policy.observe(outcome(k, [k], draft_seconds=0.2 * k, target_seconds=2.0))
+    assert policy.target_scale == pytest.approx(2.0, rel=1e-3) and policy.draft_scale == pytest.approx(2.0, rel=1e-3)
+    modelled, measured = policy.step_costs()
+    assert modelled > 0 and measured >= 0
+
+
+def test_cost_optimal_drafts_once_in_every_explore_every_steps_where_drafting_does_not_pay():
+    policy = CostOptimalLength(k_max=4, prior_acceptance=0.05, costs=costs_growing(per_token=1.0), explore_every=5)
+    ks = []
+    for _ in range(15):
+        ks.append(policy.next_k())
+        policy.observe(outcome(ks[-1], [0, 0]))
+    assert ks == [0] * 4 + [1] + [0] * 4 + [1] + [0] * 4 + [1]
+
+
+def test_cost_optimal_without_costs_or_a_decoder_says_what_it_needs():
+    with pytest.raises(ValueError, match="has no costs"):
+        CostOptimalLength().next_k()
+
+
+def test_cost_optimal_start_forgets_the_rows_and_keeps_the_machine_and_the_batchs_acceptance():
+    policy = CostOptimalLength(prior_acceptance=0.6, costs=costs_growing(per_token=0.0))
+    policy.next_k()
+    policy.observe(outcome(4, [0, 0]))
+    policy.target_scale = 3.0
+    learned = policy.acceptance
     policy.start()
-    assert (policy.acceptance, policy.cost_ratio, policy.chosen_k, policy.history) == (pytest.approx(0.6), 0.2, [], [])
+    assert learned < 0.6 and policy.acceptance == learned and policy.target_scale == 3.0
+    assert policy.chosen_k == [] and policy.row_successes is None
 
 
 def test_cost_optimal_validates_its_settings():
-    for kwargs in ({"k_max": 0}, {"k_min": 0}, {"k_min": 5, "k_max": 4}, {"prior_acceptance": 1.5},
-                   {"prior_cost_ratio": -1}, {"decay": 1.0}, {"prior_weight": 0}):
+    for kwargs in ({"k_max": 0}, {"prior_acceptance": 1.5}, {"decay": 1.0}, {"prior_weight": 0}, {"margin": -0.1},
+                   {"margin": float("inf")}, {"repeats": 0}, {"explore_every": 0}):
         with pytest.raises(ValueError):
             CostOptimalLength(**kwargs)
+    with pytest.raises(TypeError, match="CostModel"):
+        CostOptimalLength(costs={"target": 1.0})

@@ -68,7 +68,7 @@ def test_the_column_lists_are_the_records_fields_and_do_not_overlap():
     every = [name for group in groups for name in group]
     assert len(every) == len(set(every))
     assert LIST_COLUMNS == ("per_position_acceptance", "per_position_attempts", "per_position_accepted",
-                            "accepted_histogram", "tokens", "baseline_tokens")
+                            "accepted_histogram", "k_histogram", "tokens", "baseline_tokens")
 
 
 def test_interval_metrics_are_metrics_with_a_range():
@@ -90,7 +90,7 @@ def stats(rows: list[RowStats], wall: float, forwards: tuple[int, int] = (6, 4))
 def test_metrics_are_built_from_decode_stats_by_its_definitions():
     spec = stats([RowStats(9, 8, 6, 3, [3, 3], [3, 2], [0, 2, 2]), RowStats(4, 0, 0, 4, [0, 0], [0, 0])], wall=2.0)
     base = stats([RowStats(9, 0, 0, 9, [], []), RowStats(4, 0, 0, 4, [], [])], wall=6.5, forwards=(0, 12))
-    first = Metrics.measure(spec, base, row=0, k=2, tree=False)
+    first = Metrics.measure(spec, base, row=0, tree=False)
     assert (first.emitted, first.drafted, first.accepted, first.target_calls) == (9, 8, 6, 3)
     assert first.acceptance_rate == 6 / 8 and first.mean_accepted_length == 3.0
     assert first.per_position_acceptance == [1.0, 2 / 3]
@@ -99,9 +99,9 @@ def test_metrics_are_built_from_decode_stats_by_its_definitions():
     assert first.cost_ratio == pytest.approx(0.1)
     assert first.predicted_speedup == pytest.approx((1 + 0.75 + 0.75**2) / (2 * 0.1 + 1))
     assert first.other_seconds == pytest.approx(2.0 - 0.65 - 4.5) and first.spec_tokens_per_s == 13 / 2.0
-    nothing_drafted = Metrics.measure(spec, base, row=1, k=2, tree=False)
+    nothing_drafted = Metrics.measure(spec, base, row=1, tree=False)
     assert math.isnan(nothing_drafted.acceptance_rate) and math.isnan(nothing_drafted.predicted_speedup)
-    assert math.isnan(Metrics.measure(spec, base, row=0, k=2, tree=True).predicted_speedup)  # chains only
+    assert math.isnan(Metrics.measure(spec, base, row=0, tree=True).predicted_speedup)  # chains only
 
 
 def test_steps_not_timed_by_phase_take_the_profiled_cost_ratio_and_say_so():
@@ -110,12 +110,12 @@ def test_steps_not_timed_by_phase_take_the_profiled_cost_ratio_and_say_so():
     spec = stats([RowStats(9, 8, 6, 3, [3, 3], [3, 2], [0, 2, 2])], wall=2.0)
     untimed = replace(spec, draft_step_seconds=math.nan, target_step_seconds=math.nan)
     base = stats([RowStats(9, 0, 0, 9, [], [])], wall=6.5, forwards=(0, 12))
-    timed = Metrics.measure(spec, base, row=0, k=2, tree=False, profiled_cost_ratio=0.3)
+    timed = Metrics.measure(spec, base, row=0, tree=False, profiled_cost_ratio=0.3)
     assert timed.cost_ratio == pytest.approx(0.1) and timed.cost_ratio_source == "steps"
-    profiled = Metrics.measure(untimed, base, row=0, k=2, tree=False, profiled_cost_ratio=0.3)
+    profiled = Metrics.measure(untimed, base, row=0, tree=False, profiled_cost_ratio=0.3)
     assert profiled.cost_ratio == 0.3 and profiled.cost_ratio_source == "profile"
     assert profiled.predicted_speedup == pytest.approx((1 + 0.75 + 0.75**2) / (2 * 0.3 + 1))
-    neither = Metrics.measure(untimed, base, row=0, k=2, tree=False)
+    neither = Metrics.measure(untimed, base, row=0, tree=False)
     assert math.isnan(neither.cost_ratio) and neither.cost_ratio_source is None
     assert math.isnan(neither.predicted_speedup)
 
@@ -125,7 +125,7 @@ def a_row(prompt_id: str = "p0", speedup: float = 1.5, **options) -> Row:
                            "greedy", 0.0, None, None, None, 8, 0, 1, "embedded_heldout", "cpu", "float32", False,
                            "auto", True, None, 1)
     spec = stats([RowStats(9, 8, 6, 3, [3, 3], [3, 2], [0, 2, 2])], wall=1.0)
-    metrics = Metrics.measure(spec, spec, 0, 2, False)
+    metrics = Metrics.measure(spec, spec, 0, False)
     provenance = Provenance("abc123", False, "0.1", "2.13.0+cpu", "5.23.0", "0" * 16, "1" * 16, "cpu", 2)
     return Row(identity, options, Condition("host-a", 1, 0.5, 0.7), provenance,
                PromptColumns(prompt_id, "0123456789ab", 5, None, 0),
@@ -282,7 +282,7 @@ def test_the_predicted_speedup_takes_the_k_the_steps_drafted_not_the_configured_
     """Four Medusa heads under draft_length.k=8 draft 4 a step: two steps of 4 drafts predict at k = 4."""
     spec = stats([RowStats(9, 8, 6, 3, [2, 2, 1, 1, 0, 0, 0, 0], [2, 2, 1, 1, 0, 0, 0, 0],
                            [0, 0, 1, 0, 1, 0, 0, 0, 0])], wall=2.0)
-    metrics = Metrics.measure(spec, spec, row=0, k=8, tree=False)
+    metrics = Metrics.measure(spec, spec, row=0, tree=False)
     alpha = 6 / 8
     assert metrics.predicted_speedup == pytest.approx(sum(alpha**i for i in range(5)) / (4 * 0.1 + 1))
     assert leviathan_speedup(1.0, 2.5, 0.0) == 3.5 and math.isnan(leviathan_speedup(math.nan, 4, 0.1))

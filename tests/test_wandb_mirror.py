@@ -25,6 +25,7 @@ from analysis import load_runs, load_wandb_runs
 from experiments import run as run_app
 from experiments import runner
 from experiments.loggers import PROMPT_PREFIX, is_scalar_number, run_summary, table_cell
+from specdec.results import PROVENANCE_COLUMNS
 
 PROJECT = "specdec"
 HIDDEN = ("_runtime", "_step", "_timestamp", "_wandb")  # W&B's own bookkeeping keys
@@ -134,7 +135,8 @@ def test_history_config_and_summary_equal_the_run_files(offline_sweep):
         config = yaml.safe_load((sweep_dir / job / "config.yaml").read_text())
         resolved = {"device": "cpu", "dtype": "float32", "k": rows[0]["k"], "requested": {"device": "cpu",
                                                                                         "dtype": "float32"}}
-        assert run.config == config | resolved  # the config as the run resolved it
+        provenance = {name: rows[0][name] for name in PROVENANCE_COLUMNS}  # what produced the rows
+        assert run.config == config | resolved | {"provenance": provenance}  # the config as the run resolved it
         summary = json.loads((sweep_dir / job / "summary.json").read_text())
         last_values = {key: value for step in row_steps(run) for key, value in step.items()}
         tables = {key for key in run.summary if key.startswith(("rows.", "per_position_acceptance.",

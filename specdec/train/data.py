@@ -32,7 +32,7 @@ from torch import nn
 
 from specdec.api import generate
 from specdec.checkpoints import target_identity
-from specdec.train.corpus import Corpus, check_corpus
+from specdec.train.corpus import Corpus, check_corpus, heldout_prompts, read_corpus
 from specdec.train.files import DamagedFile, load_tensors, save_tensors
 
 HIDDEN_MODES = ("auto", "cache", "recompute")
@@ -49,6 +49,11 @@ def check_fraction(heldout_fraction: object) -> None:
 def check_count(name: str, value: object, low: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+# Openings generated per batch. A shard is written in chunks of this many, each with the shard's seed plus its
+# index (what ``continuations`` gives the batch itself), so the rows are the bits one call writes and the progress
+# bar moves inside a shard.
+GENERATION_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,14 @@ class DataSpec:
                     ) -> Sequences:
         """The sequences of ``openings``: ``models`` by role, ``seed`` the shard's, ``pad_id`` right-pads."""
         raise NotImplementedError
+
+    def read_corpus(self) -> Corpus:
+        """The documents the spec draws from (its ``corpus``), split into training and held-out ones."""
+        return read_corpus(self.corpus, self.heldout_fraction)
+
+    def heldout_texts(self, corpus: Corpus, tokenizer, first: int, count: int) -> list[str]:
+        """Held-out prompts ``first`` .. ``first + count - 1``, which the target continues greedily to measure on."""
+        return heldout_prompts(corpus, tokenizer, first, count)
 
 
 @dataclass(frozen=True)
@@ -201,7 +214,7 @@ def check_prompt_tokens(prompt_tokens: object) -> tuple[int, int]:
 
 @torch.no_grad()
 def continuations(model: nn.Module, openings: list[list[int]], new_tokens: int, temperature: float, width: int,
-                  seed: int, pad_id: int, batch_size: int = 64) -> Sequences:
+                  seed: int, pad_id: int, batch_size: int = GENERATION_BATCH) -> Sequences:
     """Each opening continued by ``model`` for exactly ``new_tokens`` tokens, right-padded to ``width``; counts mark
     the positions whose next token is a continuation token. The continuations are specdec's own autoregressive loop
     (``specdec.generate`` without a draft) over left-padded batches of ``batch_size`` openings: exact per row (the
@@ -258,7 +271,8 @@ def write_sequences(directory: Path, spec: DataSpec, openings: list[list[int]], 
                     models: dict[str, nn.Module], rank: int = 0, world: int = 1,
                     progress: Callable[[int, int], None] | None = None) -> None:
     """Write the shards of ``spec`` (over its ``openings``) this rank owns (every ``world``-th) that are not on disk
-    yet. ``progress(done, total)`` after each shard written."""
+    yet, a chunk of ``GENERATION_BATCH`` openings at a time. ``progress(done, total)`` in sequences, after each
+    chunk."""
     directory.mkdir(parents=True, exist_ok=True)
     if rank == 0:
         fields = {name: value for name, value in asdict(spec).items() if name not in SIZE_FIELDS}
@@ -267,13 +281,22 @@ def write_sequences(directory: Path, spec: DataSpec, openings: list[list[int]], 
     names = shard_names(len(openings), spec.shard_size)
     missing = [index for index in missing_shards(directory, len(openings), spec.shard_size) if index % world == rank]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    for done, index in enumerate(missing, 1):
+    total = sum(len(openings[index * spec.shard_size:(index + 1) * spec.shard_size]) for index in missing)
+    done = 0
+    if progress is not None:
+        progress(done, total)  # the total, before the first chunk
+    for index in missing:
         first = index * spec.shard_size
-        shard = spec.write_shard(models, openings[first:first + spec.shard_size], spec.seed * 1_000_003 + index,
-                                 pad_id or 0)
+        rows, parts = openings[first:first + spec.shard_size], []
+        for start in range(0, len(rows), GENERATION_BATCH):
+            chunk = rows[start:start + GENERATION_BATCH]
+            parts.append(spec.write_shard(models, chunk, spec.seed * 1_000_003 + index + start // GENERATION_BATCH,
+                                          pad_id or 0))
+            done += len(chunk)
+            if progress is not None:
+                progress(done, total)
+        shard = Sequences(torch.cat([part.tokens for part in parts]), torch.cat([part.counts for part in parts]))
         save_tensors({"tokens": shard.tokens.int(), "counts": shard.counts.to(torch.uint8)}, directory / names[index])
-        if progress is not None:
-            progress(done, len(missing))
 
 
 def read_sequences(directory: Path, rows: int, shard_size: int, width: int, vocabulary: int) -> Sequences:
@@ -339,7 +362,8 @@ def write_hidden(directory: Path, sequences: Sequences, shard_size: int, target:
     missing = [index for index in missing_shards(directory, len(sequences), shard_size) if index % world == rank]
     for done, index in enumerate(missing, 1):
         rows = range(index * shard_size, min((index + 1) * shard_size, len(sequences)))
-        parts = [target_hidden(target, sequences.tokens[first:first + batch_size].to(device), layers).to(dtype).cpu()
+        parts = [target_hidden(target, sequences.tokens[first:min(first + batch_size, rows.stop)].to(device),
+                               layers).to(dtype).cpu()  # a shard smaller than a batch holds its own rows alone
                  for first in range(rows.start, rows.stop, batch_size)]
         save_tensors({"hidden": torch.cat(parts)}, directory / shard_names(len(sequences), shard_size)[index])
         if progress is not None:

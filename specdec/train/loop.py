@@ -213,6 +213,14 @@ def frequent_tokens(sequences: Sequences, size: int) -> tuple[list[int], float]:
     return sorted(top.tolist()), float(frequency[top].sum() / following.numel())
 
 
+def vocabulary_coverage(draft_ids: list[int], sequences: Sequences) -> float:
+    """The fraction of ``sequences``' counted next tokens (held-out ones: the target's greedy continuations) inside
+    the draft vocabulary ``draft_ids``: a ceiling on a_1, since a token outside it is never drafted."""
+    following = sequences.tokens.roll(-1, 1)[sequences.counts]  # [P]
+    inside = torch.isin(following, torch.tensor(draft_ids, device=following.device))  # [P]
+    return float(inside.float().mean()) if following.numel() else float("nan")
+
+
 # Batches -----------------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -276,6 +284,7 @@ class Settings:
     k: int = 4
     eval_batch_size: int = 16
     max_minutes: float | None = None
+    wall_deadline: float | None = None  # time.time() past which training stops (max_wall_minutes); None: never
     seed: int = 0
     save_dtype: torch.dtype = torch.float32
 
@@ -528,7 +537,8 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
         if log is not None:
             log.write({"step": step, "loss": value, "lr": optimizer.param_groups[0]["lr"], "seconds": round(seconds, 3)})
         logger.log_step({"loss": value, "lr": optimizer.param_groups[0]["lr"]}, step)
-        stopped = agreed(settings.max_minutes is not None and seconds >= 60 * settings.max_minutes, ranks)
+        stopped = agreed((settings.max_minutes is not None and seconds >= 60 * settings.max_minutes)
+                         or (settings.wall_deadline is not None and time.time() >= settings.wall_deadline), ranks)
         last = step == settings.steps or stopped
         if (step % settings.eval_every == 0 or step % settings.checkpoint_every == 0 or last) \
                 and not finite_weights(module):
@@ -557,7 +567,7 @@ def train(settings: Settings, family: Family, target: nn.Module, data: TrainingD
     check_ranks_agree(module, ranks)
     if log is not None:
         log.close()
-    if best.step is None:
+    if ranks.main and best.step is None:  # rank 0 evaluates
         raise TrainingStopped(f"no evaluation measured a finite tau in {step} steps (heldout.k={settings.k} needs "
                               f"held-out continuations longer than k), so no drafter was written")
     return Outcome(step, step >= settings.steps, seconds, best)
