@@ -37,6 +37,7 @@ from specdec.eagle import EagleDrafter
 from specdec.heads import EagleHead, MedusaHeads
 from specdec.models import EMBEDDED_DIR, PRESETS, load_pair
 from specdec.prompts import load_prompts
+from specdec.results import leviathan_speedup
 from specdec.stats import DecodeStats, vllm_acceptance_length
 
 KINDS = ("eagle", "medusa", "model")
@@ -135,12 +136,15 @@ def measure(args: argparse.Namespace) -> dict:
                         **{name: sum(getattr(run, name) for run in runs) for name in SUMMED})
     wall = time.perf_counter() - started
     totals = stats.totals
+    drafting_steps = sum(totals.steps_by_k[1:])  # a head's draftless first call and k cut by the budget count apart
+    drafted_k = totals.drafted / drafting_steps if drafting_steps else 0
     result = {"label": args.label or f"{args.kind}:{args.checkpoint}", "pair": args.pair, "kind": args.kind,
               "checkpoint": args.checkpoint, "temperature": args.temperature, "k": args.k, "prompts": len(texts),
               "new_tokens": args.new_tokens, "tau": totals.mean_accepted_length, "drafting_tau": vllm_acceptance_length(totals.steps_by_accepted),
               "per_position": totals.per_position,
               "acceptance_rate": totals.acceptance_rate, "cost_ratio": stats.cost_ratio,
-              "predicted_speedup": specdec.predicted_speedup(totals.acceptance_rate, args.k, stats.cost_ratio),
+              "drafted_k": drafted_k,  # what the steps drafted (4 Medusa heads under k = 8 draft 4), not args.k
+              "predicted_speedup": leviathan_speedup(totals.acceptance_rate, drafted_k, stats.cost_ratio),
               "seconds": round(wall, 1), "threads": args.threads}
     if greedy and args.pair == "embedded":
         continuations = heldout_set(args.data_dir, texts, tokenizer, target, args.new_tokens)

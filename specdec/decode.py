@@ -161,7 +161,7 @@ def check_tree_support(drafter: Drafter, strategy: AcceptanceStrategy, sampling:
         return
     if not strategy.judges_trees:
         raise ValueError(f"strategy {strategy.name!r} has no rule for token trees; tree rules: greedy, speculative, "
-                         f"typical, topk, synthetic")
+                         f"traversal, typical, topk, synthetic")
     if sampling.is_greedy and not strategy.judges_ids:
         raise ValueError(f"strategy {strategy.name!r} cannot judge a tree drafted at temperature 0 (its children are "
                          f"the draft's top tokens, not one point mass)")

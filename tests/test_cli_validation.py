@@ -224,3 +224,17 @@ def test_the_forward_switch_reaches_the_target_and_the_drafter(tiny, tmp_path, m
     from experiments.common.runner import Job, run
     run(cfg, Job(tmp_path / "run", "g", {}, tmp_path))
     assert built and all(target is False and drafter in (False, None) for target, drafter in built)
+
+
+@pytest.mark.parametrize("override, named", [
+    ("unknown_key=1", "unknown_key is not a key of the config; known: batch_size"),
+    ("num_promts=3", "did you mean num_prompts?"),
+])
+def test_an_unknown_top_level_key_is_one_line_before_hydra_composes(override, named):
+    """Hydra's 'not in struct' for a key the run config lacks is many lines; the pre-launch check names the key,
+    the nearest one, and the + that adds a key of one's own. A known key and a + key pass."""
+    from experiments.refusal import check_group_options
+
+    problem = check_group_options([override], CONFIGS)
+    assert problem is not None and named in problem and "\n" not in problem and "+" in problem
+    assert check_group_options(["num_prompts=3", "+my_key=1", "sampling=t1"], CONFIGS) is None

@@ -238,7 +238,7 @@ def test_runs_whose_rows_agree_but_whose_configs_differ_are_refused_naming_the_k
               config=config | {"step": "device", "group": "b", "logger": {"mode": "online"}})
     with pytest.raises(ResultsError) as error:
         load_runs(tmp_path / "sweep")
-    assert "configs differ at step ('host' vs 'device')" in str(error.value) and "\n" not in str(error.value)
+    assert "step: 'host' -> 'device'" in str(error.value) and "\n" not in str(error.value)
     assert report_main([str(tmp_path / "sweep")]) == 2
     # Repeats of one config (group and logger aside, which change no result) load as two runs.
     write_run(tmp_path / "repeats" / "0", [make_row("a", "p0")], config=config)

@@ -159,10 +159,26 @@ def check_group_options(argv: list[str], config_dir: Path, config_name: str = "r
             return unknown_option(override.key_or_group, unknown[0], options)
         choices[override.key_or_group] = values
     for override in overrides:
-        problem = group_key_problem(override, choices, composed)
+        problem = group_key_problem(override, choices, composed) or top_level_key_problem(override, composed)
         if problem is not None:
             return problem
     return None
+
+
+def top_level_key_problem(override, composed: ComposedSearchPath) -> str | None:
+    """What is wrong with an override of a top-level key the primary config lacks (``unknown_key=1``: Hydra's
+    'not in struct' is many lines), or None; a key of one's own is added with ``+``."""
+    key = override.key_or_group
+    if override.is_add() or override.is_force_add() or override.is_delete() or "." in key or \
+            key.startswith("hydra") or composed.options(key):
+        return None
+    primary = composed.compose(())
+    if primary is None or key in primary:
+        return None
+    known = sorted(str(name) for name in primary if name != "hydra")
+    nearest = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {nearest[0]}?" if nearest else f"known: {', '.join(known)}"
+    return f"{override.input_line}: {key} is not a key of the config; {hint} (a key of your own: +{key}=...)"
 
 
 class ComposedSearchPath:
