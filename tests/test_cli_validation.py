@@ -233,7 +233,7 @@ def test_the_forward_switch_reaches_the_target_and_the_drafter(tiny, tmp_path, m
 def test_an_unknown_top_level_key_is_one_line_before_hydra_composes(override, named):
     """Hydra's 'not in struct' for a key the run config lacks is many lines; the pre-launch check names the key,
     the nearest one, and the + that adds a key of one's own. A known key and a + key pass."""
-    from experiments.refusal import check_group_options
+    from experiments.common.refusal import check_group_options
 
     problem = check_group_options([override], CONFIGS)
     assert problem is not None and named in problem and "\n" not in problem and "+" in problem
