@@ -74,7 +74,7 @@ class RunIdentity:
     top_p: float | None = column("top-p filter, null for none")
     min_p: float | None = column("min-p filter, null for none")
     max_new_tokens: int = column("tokens generated per prompt at most")
-    seed: int = column("sampling seed, the same for both decoders")
+    seed: int = column("the run's sampling seed (each batch's calls mix it with the batch's prompt ids), the same for both decoders")
     batch_size: int = column("rows decoded in one batch with this one, itself included (they share its timings)")
     data: str = column("prompt set (`data.source`)")
     device: str = column("device the pair ran on, e.g. `cpu`, `cuda:0`")

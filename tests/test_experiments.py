@@ -225,6 +225,27 @@ def test_batched_rows_are_per_prompt(tiny, tmp_path, monkeypatch):
     assert all(row["accepted"] <= row["drafted"] and row["emitted"] <= 6 for row in rows)
 
 
+def test_each_prompt_draws_its_own_random_numbers(tiny, tmp_path, monkeypatch):
+    """At temperature 1 and batch size 1, four prompts of the same tokens are four samples: with one seed for every
+    call each drew the same random numbers and emitted the same tokens, so a run's tau pooled over prompts carried
+    one random stream's luck (docs/verification.md: 2.91 against 2.67-2.69 with other seeds). At temperature 0 the
+    seed changes nothing: batch sizes 1 and 4 give each prompt the same tokens and counts."""
+    prompts = tmp_path / "same.jsonl"  # texts differ in spacing only (a set refuses repeated texts): the same tokens
+    prompts.write_text("".join(json.dumps({"id": f"copy{i}", "text": "the" + " " * (i + 1) + "first time he said"})
+                               + "\n" for i in range(4)))
+    overrides = tiny_overrides(tiny, **{"data.source": prompts, "max_new_tokens": 12, "warmup": 0})
+    main([*overrides, "sampling=t1", f"hydra.run.dir={tmp_path / 't1'}"], monkeypatch)
+    for side in ("tokens", "baseline_tokens"):
+        assert len({tuple(row[side]) for row in rows_of(tmp_path / "t1")}) == 4
+    counts = []
+    for batch_size in (1, 4):
+        main([*overrides, f"batch_size={batch_size}", f"hydra.run.dir={tmp_path / f'b{batch_size}'}"], monkeypatch)
+        counts.append([(row["tokens"], row["accepted"], row["target_calls"])
+                       for row in rows_of(tmp_path / f"b{batch_size}")])
+    assert counts[0] == counts[1]
+    assert len({tuple(tokens) for tokens, _, _ in counts[0]}) == 1  # the four prompts are one prompt's tokens
+
+
 class Killed(Exception):
     pass
 

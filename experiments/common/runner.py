@@ -16,6 +16,7 @@ repeated on each of its rows, whose ``batch_size`` column says how many rows sha
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 import sys
 import uuid
@@ -523,12 +524,23 @@ def encode(tokenizer, texts: list[str], device: torch.device) -> tuple[torch.Ten
 
 
 def generate_or_explain(call, input_ids, mask, batch, cfg, eos):
-    """One side's call on a batch; a prompt the library rejects (empty, too long) is named in the error."""
+    """One side's call on a batch, seeded by ``batch_seed``; a prompt the library rejects (empty, too long) is named
+    in the error."""
     try:
-        return call(input_ids, mask, cfg.max_new_tokens, eos, cfg.seed)
+        return call(input_ids, mask, cfg.max_new_tokens, eos, batch_seed(cfg.seed, batch))
     except ValueError as err:
         ids = ", ".join(str(p.id) for p in batch)
         raise ValueError(f"prompt(s) {ids}: {err}") from err
+
+
+def batch_seed(seed: int, batch: list) -> int:
+    """The seed of a batch's calls (baseline and measured side alike): the run's ``seed`` mixed with the batch's prompt
+    ids, so each prompt draws its own random numbers. Every call seeded with ``seed`` itself would give each prompt at
+    batch size 1 the same numbers in the same order (a step draws a fixed count of them, whatever it accepts):
+    prompts' acceptances would then be correlated, and a run's tau pooled over prompts would carry one random
+    stream's luck (docs/verification.md). A function of the ids, so a resumed run seeds its prompts as before."""
+    key = "\0".join([str(seed), *(str(prompt.id) for prompt in batch)])
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
 
 
 def make_row(setting: Setting, condition: Condition, provenance: Provenance, prompt, round_number: int,
