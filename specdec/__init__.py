@@ -14,7 +14,7 @@ from specdec.cache import FORWARDS
 from specdec.api import Decoder
 from specdec.emit import GenerationOutput, NonFiniteLogitsError, StrategyVerdictError
 from specdec.cross_tokenizer import CrossTokenizerDrafter
-from specdec.drafters import ModelDrafter, NoDrafter, TreeDrafter
+from specdec.drafters import ModelDrafter, NoDrafter, SyntheticDrafter, TreeDrafter
 from specdec.dynamic_tree import DynamicTreeDrafter
 from specdec.eagle import EagleDrafter
 from specdec.early_exit import EarlyExitDrafter
@@ -49,6 +49,7 @@ __all__ = [
     "StepOutcome",
     "Drafter",
     "ModelDrafter",
+    "SyntheticDrafter",
     "NoDrafter",
     "TreeDrafter",
     "CrossTokenizerDrafter",

@@ -186,6 +186,35 @@ class ModelDrafter(CachedDrafter):
         return self.layouts[k, device]
 
 
+class SyntheticDrafter(ModelDrafter):
+    """The target drafting for itself through a fixed random bias on its logits: a draft of controlled acceptance.
+
+    q = softmax(z + b) for the target's logits z, with b = ``bias`` * g and g a standard normal vector over the
+    vocabulary drawn once from ``seed``: a draft whose errors are a fixed preference between tokens, the same at
+    every position, as a real small model's can be. ``bias`` = 0 is the target itself (q = p, every draft kept by a
+    lossless rule); larger biases lower the acceptance sum_x min(p, q) smoothly. It runs the target's forwards, so
+    it is for counting (tau, acceptance) on pairs whose own draft means nothing, e.g. the random-weight shaped
+    pairs (docs/verification.md), never for timing. ``num_drafts`` as for ``ModelDrafter``.
+    """
+
+    name = "synthetic"
+
+    def __init__(self, target: torch.nn.Module, bias: float = 1.0, seed: int = 0, num_drafts: int = 1):
+        super().__init__(target, label="synthetic draft", num_drafts=num_drafts)
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not 0 <= bias < float("inf"):
+            raise ValueError(f"SyntheticDrafter's bias must be a finite number >= 0 (the scale of its random logit "
+                             f"bias; 0 drafts the target itself), got {bias!r}")
+        if as_integer(seed) is None or as_integer(seed) < 0:
+            raise ValueError(f"SyntheticDrafter's seed must be an integer >= 0 (it draws the bias), got {seed!r}")
+        noise = torch.randn(target.config.vocab_size, generator=torch.Generator().manual_seed(as_integer(seed)))
+        self.logit_bias = (bias * noise).to(model_device(target))  # [V]
+
+    def feed(self, nodes=None, layout=None, num_logits: int = 1, features: torch.Tensor | None = None,
+             hidden_layers: tuple[int, ...] = ()) -> ModelOutput:
+        out = super().feed(nodes, layout, num_logits, features, hidden_layers)
+        return out._replace(logits=out.logits + self.logit_bias)  # [B, m, V]
+
+
 def check_num_drafts(num_drafts: object, cache_layout: str, compile: bool) -> int:
     """An integer >= 1; above 1 the chains form a token tree, which runs eager on the dynamic cache layout."""
     integer = as_integer(num_drafts)
