@@ -3,14 +3,17 @@ the classic one, with bootstrap intervals over prompts. Counts only: tau does no
 
     python -m experiments.verification_study                          # every comparison, embedded pair
     python -m experiments.verification_study --comparisons block --prompts 16 --seeds 0
+    python -m experiments.verification_study --pair gpt2-medium-shaped --bias 1 --comparisons block,chains
 
 Each comparison pairs a rule with its baseline rule on the same drafter, temperature and k (docs/verification.md):
 ``block`` (BlockVerification vs Speculative on a chain, T = 1 and 0.7, k = 2, 4, 8), ``chains`` (4 chains vs 1
 chain, ``ModelDrafter(num_drafts=4)``, T = 1, k = 4) and ``traversal`` (traversal vs top-down verification of the
-dynamic tree, T = 1). Held-out prompts of the embedded pair, EOS ignored, every seed on every prompt. The gain's
-interval resamples prompts (each prompt keeps its seeds), both rules' counts together. Writes one JSON line per
-(comparison, setting, rule, seed) to --out as each run ends, seed by seed, and skips runs already there (a stopped
-sweep resumes); --report prints the table of what --out holds.
+dynamic tree, T = 1). Held-out prompts of the embedded pair, EOS ignored, every seed on every prompt. ``--pair``
+takes another pair; ``--bias`` drafts the chains with ``specdec.SyntheticDrafter`` (the target through a fixed
+random logit bias: a draft of controlled acceptance), for pairs whose own draft means nothing (the shaped pairs).
+The gain's interval resamples prompts (each prompt keeps its seeds), both rules' counts together. Writes one JSON
+line per (comparison, setting, rule, seed) to --out as each run ends, seed by seed, and skips runs already there (a
+stopped sweep resumes); --report prints the table of what --out holds.
 """
 
 from __future__ import annotations
@@ -31,15 +34,24 @@ BOOTSTRAP = 2000
 
 @dataclass(frozen=True)
 class Arm:
-    """One rule on one drafter: ``drafter(pair)`` and its strategy."""
+    """One rule on one drafter: ``drafter(pair, bias)`` and its strategy; ``bias`` None drafts with the pair's draft,
+    a number with ``specdec.SyntheticDrafter(pair.target, bias)`` (the comparisons in ``SYNTHETIC`` only)."""
 
     label: str
-    drafter: Callable[[specdec.ModelPair], specdec.Drafter]
+    drafter: Callable[[specdec.ModelPair, float | None], specdec.Drafter]
     strategy: specdec.AcceptanceStrategy
 
 
-def chain(pair):
-    return specdec.ModelDrafter(pair.draft)
+def chains(n: int) -> Callable[[specdec.ModelPair, float | None], specdec.Drafter]:
+    """A drafter of n independent chains (one chain for n = 1), by the pair's draft or the synthetic one."""
+    def build(pair, bias):
+        if bias is None:
+            return specdec.ModelDrafter(pair.draft, num_drafts=n)
+        return specdec.SyntheticDrafter(pair.target, bias, num_drafts=n)
+    return build
+
+
+chain = chains(1)
 
 
 def block_settings() -> list[tuple[float, int, Arm, Arm]]:
@@ -51,12 +63,10 @@ def block_settings() -> list[tuple[float, int, Arm, Arm]]:
 
 def chains_settings() -> list[tuple[float, int, Arm, Arm]]:
     """4 independent chains (one tree) vs one chain, token-wise speculative sampling on both."""
-    return [(1.0, 4, Arm("4 chains", lambda pair: specdec.ModelDrafter(pair.draft, num_drafts=4),
-                           specdec.Speculative()),
-               Arm("1 chain", chain, specdec.Speculative()))]
+    return [(1.0, 4, Arm("4 chains", chains(4), specdec.Speculative()), Arm("1 chain", chain, specdec.Speculative()))]
 
 
-def dynamic_tree(pair):
+def dynamic_tree(pair, bias):
     return specdec.DynamicTreeDrafter(pair.draft)  # the defaults of configs/drafter/dynamic_tree.yaml
 
 
@@ -67,11 +77,13 @@ def traversal_settings() -> list[tuple[float, int, Arm, Arm]]:
 
 
 COMPARISONS = {"block": block_settings, "chains": chains_settings, "traversal": traversal_settings}
+SYNTHETIC = ("block", "chains")  # the comparisons whose drafter can be the synthetic one (--bias)
 
 
-def counts(pair, arm: Arm, ids, mask, temperature: float, k: int, tokens: int, seed: int) -> list[tuple[int, int]]:
+def counts(pair, bias: float | None, arm: Arm, ids, mask, temperature: float, k: int, tokens: int,
+           seed: int) -> list[tuple[int, int]]:
     """[(emitted, target calls)] per prompt."""
-    decoder = specdec.Decoder(pair.target, arm.drafter(pair), arm.strategy, specdec.FixedLength(k),
+    decoder = specdec.Decoder(pair.target, arm.drafter(pair, bias), arm.strategy, specdec.FixedLength(k),
                               specdec.SamplingConfig(temperature=temperature), time_phases=False)
     out = decoder.generate(ids, mask, max_new_tokens=tokens, seed=seed)
     return [(row.emitted, row.target_calls) for row in out.stats.rows]
@@ -105,14 +117,16 @@ def plan(names: list[str], seeds: list[int]) -> list[tuple[str, float, int, Arm,
             if turn < len(settings[name]) for arm in settings[name][turn][2:]]
 
 
-def done_runs(path: Path) -> dict[tuple, list]:
-    """(comparison, temperature, k, rule, seed) -> counts, of the runs already in ``path``."""
+def done_runs(path: Path, pair: str = "embedded", bias: float | None = None) -> dict[tuple, list]:
+    """(comparison, temperature, k, rule, seed) -> counts, of the runs already in ``path`` on ``pair`` with the
+    drafter of ``bias`` (lines without a pair are the embedded pair's own draft's)."""
     if not path.exists():
         return {}
     runs = {}
     for line in path.read_text().splitlines():
         row = json.loads(line)
-        runs[row["comparison"], row["temperature"], row["k"], row["rule"], row["seed"]] = row["counts"]
+        if (row.get("pair", "embedded"), row.get("bias")) == (pair, bias):
+            runs[row["comparison"], row["temperature"], row["k"], row["rule"], row["seed"]] = row["counts"]
     return runs
 
 
@@ -142,6 +156,10 @@ def main(argv=None) -> None:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--pair", default="embedded", help="a pair preset of specdec.load_pair (e.g. gpt2-xl-shaped)")
+    parser.add_argument("--bias", type=float, default=None,
+                        help="draft with specdec.SyntheticDrafter(pair.target, BIAS) instead of the pair's draft "
+                             f"(comparisons {', '.join(SYNTHETIC)}; for the random-weight shaped pairs)")
     parser.add_argument("--out", type=Path, default=Path("verification_study.jsonl"))
     parser.add_argument("--report", action="store_true", help="print the table of the runs in --out; run nothing")
     args = parser.parse_args(argv)
@@ -149,25 +167,33 @@ def main(argv=None) -> None:
     unknown = [name for name in names if name not in COMPARISONS]
     if unknown:
         raise SystemExit(f"unknown comparisons {unknown}; known: {', '.join(COMPARISONS)}")
+    if args.bias is not None and set(names) - set(SYNTHETIC):
+        raise SystemExit(f"--bias={args.bias} drafts chains with the synthetic drafter: comparisons "
+                         f"{', '.join(SYNTHETIC)} only, got {args.comparisons}")
+    if args.bias is not None and not 0 <= args.bias < float("inf"):
+        raise SystemExit(f"--bias must be a finite number >= 0, got {args.bias}")
     if not args.report:
-        run_all(names, [int(s) for s in args.seeds.split(",")], args.prompts, args.tokens, args.out)
-    print("\n".join(report(names, done_runs(args.out))))
+        run_all(names, [int(s) for s in args.seeds.split(",")], args.prompts, args.tokens, args.out, args.pair,
+                args.bias)
+    print("\n".join(report(names, done_runs(args.out, args.pair, args.bias))))
 
 
-def run_all(names: list[str], seeds: list[int], prompts: int, tokens: int, out: Path) -> None:
+def run_all(names: list[str], seeds: list[int], prompts: int, tokens: int, out: Path, pair_name: str = "embedded",
+            bias: float | None = None) -> None:
     """Every planned run not yet in ``out``, each appended to it as it ends (a stopped sweep resumes)."""
     torch.set_grad_enabled(False)
-    pair = specdec.load_pair("embedded", device="cpu", dtype="float32")
+    pair = specdec.load_pair(pair_name, device="cpu", dtype="float32")
     texts = [prompt.text for prompt in specdec.load_prompts("embedded_heldout", limit=prompts)]
     ids, mask = left_pad([pair.tokenizer(text).input_ids for text in texts], pair.tokenizer.pad_token_id)
-    done = done_runs(out)
+    done = done_runs(out, pair_name, bias)
     with out.open("a") as log:
         for name, temperature, k, arm, seed in plan(names, seeds):
             if (name, temperature, k, arm.label, seed) in done:
                 continue
-            rows = counts(pair, arm, ids, mask, temperature, k, tokens, seed)
-            log.write(json.dumps({"comparison": name, "temperature": temperature, "k": k, "rule": arm.label,
-                                  "seed": seed, "prompts": prompts, "tokens": tokens, "counts": rows}) + "\n")
+            rows = counts(pair, bias, arm, ids, mask, temperature, k, tokens, seed)
+            log.write(json.dumps({"comparison": name, "pair": pair_name, "bias": bias, "temperature": temperature,
+                                  "k": k, "rule": arm.label, "seed": seed, "prompts": prompts, "tokens": tokens,
+                                  "counts": rows}) + "\n")
             log.flush()
             print(f"{name} T={temperature} k={k} {arm.label} seed {seed}: tau "
                   f"{sum(e for e, _ in rows) / sum(c for _, c in rows):.3f}", flush=True)
