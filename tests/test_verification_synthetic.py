@@ -29,7 +29,8 @@ def test_a_larger_bias_keeps_fewer_drafts(target):
     assert 1.0 > shares[0] > shares[1] > 0.0
 
 
-@pytest.mark.parametrize("strategy", [specdec.Speculative(), pytest.param(specdec.BlockVerification(), marks=pytest.mark.slow)],
+@pytest.mark.parametrize("strategy", [specdec.Speculative(),
+                                      pytest.param(specdec.BlockVerification(), marks=pytest.mark.slow)],
                          ids=["speculative", "block"])
 def test_the_rules_stay_lossless_on_its_drafts(strategy):
     report = check_lossless(strategy, make_drafter=lambda draft, target: specdec.SyntheticDrafter(target, 1.0), k=3)
