@@ -286,6 +286,9 @@ def check_head(cfg: DictConfig, kind: str) -> None:
     """What the head's constructor can only check once the target is loaded."""
     head = cfg.drafter.head
     if kind == "model":
+        if cfg.drafter.draft_vocab is not None:
+            raise ConfigError(f"drafter.draft_vocab={cfg.drafter.draft_vocab} is for EAGLE and Medusa heads; "
+                              f"drafter=model drafts from the whole vocabulary")
         return
     family = {"eagle": EagleHead, "medusa": MedusaHeads}[kind]
     built = get_class(str(head._target_)) if "_target_" in head else None
@@ -312,9 +315,6 @@ def check_head(cfg: DictConfig, kind: str) -> None:
         if cfg.heldout.k > heads:
             raise ConfigError(f"heldout.k={cfg.heldout.k} is not allowed with {heads} Medusa heads: head i drafts "
                               f"token i + 1, so k <= drafter.head.num_heads")
-    if kind != "eagle" and cfg.drafter.draft_vocab is not None:
-        raise ConfigError(f"drafter.draft_vocab={cfg.drafter.draft_vocab} is for EAGLE heads; drafter={kind} drafts "
-                          f"from the whole vocabulary")
 
 
 def check_against_target(cfg: DictConfig, kind: str, make_head, data, pair: dict, context_limit: int | None) -> None:

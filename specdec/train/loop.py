@@ -189,18 +189,15 @@ def build_family(kind: str, make_head: Callable | None, objective: Callable, pai
     """The family ``kind``: ``make_head(target, ...)`` completes the configured head (eagle, medusa); a model
     family trains a copy of the pair's draft."""
     target = pair.target
-    if kind == "eagle":
-        head = make_head(target, draft_ids=draft_ids) if draft_ids is not None else make_head(target)
-        if not isinstance(head, EagleHead):
-            raise TypeError(f"drafter=eagle builds a specdec.heads.EagleHead, got {type(head).__name__}")
-        module, layers = head, hidden_layers(target, head.feature_layers)
-        features = len(head.feature_layers)
-    elif kind == "medusa":
-        module, layers, features = make_head(target), (target.config.num_hidden_layers,), 0
-        if not isinstance(module, MedusaHeads):
-            raise TypeError(f"drafter=medusa builds specdec.heads.MedusaHeads, got {type(module).__name__}")
-    else:
+    if kind == "model":
         module, layers, features = copy.deepcopy(pair.draft), (target.config.num_hidden_layers,), 0
+        return Family(kind, module.float().train().requires_grad_(True), objective, layers, features)
+    module = make_head(target, draft_ids=draft_ids) if draft_ids is not None else make_head(target)
+    family = {"eagle": EagleHead, "medusa": MedusaHeads}[kind]
+    if not isinstance(module, family):
+        raise TypeError(f"drafter={kind} builds a specdec.heads.{family.__name__}, got {type(module).__name__}")
+    feature_layers = getattr(module, "feature_layers", ())
+    layers, features = hidden_layers(target, feature_layers), len(feature_layers)
     return Family(kind, module.float().train().requires_grad_(True), objective, layers, features)
 
 
