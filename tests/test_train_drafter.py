@@ -30,10 +30,10 @@ from specdec.train import data as data_lib
 from experiments import train_drafter as app
 from experiments.common.config_checks import ConfigError
 from specdec.train.loop import Family, batch_rows, evaluate, heldout_batches, hidden_layers
-from specdec.checkpoints import load_weights, read_drafter_config
+from specdec.checkpoints import read_drafter_config
 from specdec.train.losses import DIVERGENCES, TrainingBatch, eagle_loss, eagle_passes
 from specdec.eagle import EagleDrafter
-from specdec.heads import EagleHead, MedusaHeads
+from specdec.heads import EagleHead
 from specdec.models import load_pair
 
 HELDOUT = 8  # held-out prompts in every run here
@@ -185,7 +185,7 @@ def test_medusa_heads_it_saves_load_with_their_target_and_reach_the_recorded_tau
     train_in_process([*settings, "data.num_sequences=64", "data.length=32"], monkeypatch)
     pair = load_pair(None, draft=tiny_pair["draft"], target=tiny_pair["target"], device="cpu", dtype="float32")
     config = read_drafter_config(run_dir / "drafter", "medusa")
-    heads = load_weights(run_dir / "drafter", MedusaHeads(pair.target, **config["options"]))
+    heads = specdec.MedusaDrafter.from_pretrained(run_dir / "drafter", pair.target).heads
     sequences = heldout_of(tiny_pair, pair.target, pair.tokenizer)
     assert simulated_tau("medusa", heads, pair, sequences) == pytest.approx(config["training"]["simulated_tau"],
                                                                             abs=1e-9)
