@@ -146,9 +146,18 @@ def timed(clock: Clock, work) -> float:
     return clock.now() - start
 
 
+@dataclass
+class Measured:
+    """What one vocabulary's run measured, by family name (and ``RECOMPUTE``)."""
+
+    seconds: dict[str, list[float]]  # each timed step, in the order run
+    peaks: dict[str, int]  # CUDA's peak bytes over the timed steps (0 on CPU)
+    trained: dict[str, int]  # trained parameters (0 for the target's forward)
+
+
 def measure_vocabulary(vocab: int, args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
-                       clock: Clock) -> list[dict]:
-    """One row per family (and one for the target's forward): the median seconds per step and their ratios."""
+                       clock: Clock) -> Measured:
+    """Every family's training steps (and the target's forward) at vocabulary ``vocab``, timed interleaved."""
     torch.manual_seed(args.seed)
     target = llama(args, vocab, args.layers, device, dtype)
     draft = llama(args, vocab, args.draft_layers, device, dtype) if "model" in args.families else None
@@ -188,26 +197,26 @@ def measure_vocabulary(vocab: int, args: argparse.Namespace, device: torch.devic
                 seconds[name].append(elapsed)
                 if device.type == "cuda":
                     peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated(device))
-    return cost_rows(vocab, seconds, peaks, families, device)
+    trained = {name: sum(p.numel() for p in family.module.parameters() if p.requires_grad)
+               for name, family in families.items()}
+    return Measured(seconds, peaks, {**trained, RECOMPUTE: 0})
 
 
-def cost_rows(vocab: int, seconds: dict[str, list[float]], peaks: dict[str, int], families: dict[str, Family],
-              device: torch.device) -> list[dict]:
+def cost_rows(vocab: int, measured: Measured, device: torch.device) -> list[dict]:
     """The table's rows: each name's median over its timed steps, and the ratios of those medians."""
-    medians = {name: statistics.median(values) for name, values in seconds.items()}
+    medians = {name: statistics.median(values) for name, values in measured.seconds.items()}
     reference = medians.get("eagle")
     rows = []
     for name, median in medians.items():
-        family = families.get(name)
-        trained = sum(p.numel() for p in family.module.parameters() if p.requires_grad) if family else 0
+        trained = measured.trained[name]
         rows.append({
             "vocabulary": vocab, "family": name,
-            "trained parameters (M)": f"{trained / 1e6:.2f}" if family else "-",
+            "trained parameters (M)": f"{trained / 1e6:.2f}" if trained else "-",
             "s / step (median)": f"{median:.3f}",
-            "timed steps": len(seconds[name]),
+            "timed steps": len(measured.seconds[name]),
             "x eagle": f"{median / reference:.2f}" if reference else "n/a (eagle not timed)",
             "x full-vocabulary same family": reduced_ratio(name, medians),
-            "peak memory (GiB)": f"{peaks[name] / 2**30:.2f}" if device.type == "cuda" else "n/a (CPU)",
+            "peak memory (GiB)": f"{measured.peaks[name] / 2**30:.2f}" if device.type == "cuda" else "n/a (CPU)",
         })
     return rows
 
@@ -232,11 +241,13 @@ def main(argv=None) -> dict:
                f"threads; median of {args.steps} interleaved steps after {args.warmup} warm-up")
     report = Report()
     report.add(f"# Training cost per step\n\n{setting}")
-    results = {"setting": setting, "rows": []}
+    results = {"setting": setting, "rows": [], "seconds": {}}
     for vocab in args.vocabs:
-        rows = measure_vocabulary(vocab, args, device, dtype, clock)
+        measured = measure_vocabulary(vocab, args, device, dtype, clock)
+        rows = cost_rows(vocab, measured, device)
         report.table(f"## Vocabulary {vocab:,}", rows)
         results["rows"].extend(rows)
+        results["seconds"][vocab] = measured.seconds
     if args.out:
         report.write(args.out.with_suffix(".md"), results)
     return results
