@@ -147,7 +147,7 @@ def timed(clock: Clock, work) -> float:
 
 
 @dataclass
-class Measured:
+class VocabularyCost:
     """What one vocabulary's run measured, by family name (and ``RECOMPUTE``)."""
 
     seconds: dict[str, list[float]]  # each timed step, in the order run
@@ -156,7 +156,7 @@ class Measured:
 
 
 def measure_vocabulary(vocab: int, args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
-                       clock: Clock) -> Measured:
+                       clock: Clock) -> VocabularyCost:
     """Every family's training steps (and the target's forward) at vocabulary ``vocab``, timed interleaved."""
     torch.manual_seed(args.seed)
     target = llama(args, vocab, args.layers, device, dtype)
@@ -199,10 +199,10 @@ def measure_vocabulary(vocab: int, args: argparse.Namespace, device: torch.devic
                     peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated(device))
     trained = {name: sum(p.numel() for p in family.module.parameters() if p.requires_grad)
                for name, family in families.items()}
-    return Measured(seconds, peaks, {**trained, RECOMPUTE: 0})
+    return VocabularyCost(seconds, peaks, {**trained, RECOMPUTE: 0})
 
 
-def cost_rows(vocab: int, measured: Measured, device: torch.device) -> list[dict]:
+def table_rows(vocab: int, measured: VocabularyCost, device: torch.device) -> list[dict]:
     """The table's rows: each name's median over its timed steps, and the ratios of those medians."""
     medians = {name: statistics.median(values) for name, values in measured.seconds.items()}
     reference = medians.get("eagle")
@@ -244,7 +244,7 @@ def main(argv=None) -> dict:
     results = {"setting": setting, "rows": [], "seconds": {}}
     for vocab in args.vocabs:
         measured = measure_vocabulary(vocab, args, device, dtype, clock)
-        rows = cost_rows(vocab, measured, device)
+        rows = table_rows(vocab, measured, device)
         report.table(f"## Vocabulary {vocab:,}", rows)
         results["rows"].extend(rows)
         results["seconds"][vocab] = measured.seconds
