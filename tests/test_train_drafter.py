@@ -500,6 +500,9 @@ def test_resume_true_finds_the_newest_unfinished_run_with_the_same_config(tmp_pa
     assert app.output_directory(str(older), tmp_path / "new", config) == (older, f"resuming {older}")
     with pytest.raises(ConfigError, match="that run has another config \\(steps: 20 -> 10\\)"):
         app.output_directory(str(other), tmp_path / "new", config)
+    with pytest.raises(ConfigError) as refused:  # every key that differs, not the first alone
+        app.output_directory(str(other), tmp_path / "new", {**config, "seed": 3, "lr": 0.5})
+    assert "(lr: '<absent>' -> 0.5, seed: 0 -> 3, steps: 20 -> 10)" in str(refused.value)
 
 
 def loop_tau(target, drafter, prompts: list[list[int]], new_tokens: int, k: int) -> tuple[list[float], float]:
