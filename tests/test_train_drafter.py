@@ -256,7 +256,8 @@ def test_a_kill_9_mid_run_resumes_to_the_same_loss_curve(tiny_pair, tmp_path, mo
     assert process.wait() == -signal.SIGKILL
     cut = len(loss_lines(killed))
     assert 50 <= cut < 150
-    done = subprocess.run(command(overrides(tiny_pair, killed, **settings, resume=str(killed))), cwd=REPO,
+    # The command resumes with its own settings: only resume= (and where this invocation's Hydra directory goes).
+    done = subprocess.run(command([f"resume={killed}", f"hydra.run.dir={tmp_path / 'resumer'}"]), cwd=REPO,
                           env=environment(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resuming" in done.stderr
@@ -486,6 +487,18 @@ def test_wandb_offline_gets_the_loss_per_step_and_tau_per_evaluation(tiny_pair, 
     assert taus == {line["step"]: line["tau"] for line in eval_lines(run_dir)}
     assert logged.summary["simulated_tau"] == json.loads((run_dir / "summary.json").read_text())["simulated_tau"]
     assert logged.exit_code == 0
+
+
+def test_resume_dir_takes_the_runs_saved_overrides_and_a_typed_one_replaces_its_own(tmp_path):
+    saved = tmp_path / "run" / ".hydra"
+    saved.mkdir(parents=True)
+    (saved / "overrides.yaml").write_text("- drafter=medusa\n- steps=60\n- +data.extra=1\n")
+    resume = f"resume={tmp_path / 'run'}"
+    assert app.with_saved_overrides([resume]) == ["drafter=medusa", "steps=60", "+data.extra=1", resume]
+    assert app.with_saved_overrides([resume, "steps=9", "data.extra=2"]) == ["drafter=medusa", resume, "steps=9",
+                                                                           "data.extra=2"]
+    assert app.with_saved_overrides(["resume=true", "steps=9"]) == ["resume=true", "steps=9"]
+    assert app.with_saved_overrides([f"resume={tmp_path}"]) == [f"resume={tmp_path}"]  # nothing saved there
 
 
 def test_resume_true_finds_the_newest_unfinished_run_with_the_same_config(tmp_path):
