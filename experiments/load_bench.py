@@ -105,7 +105,7 @@ def measure_load(pair: Pair, batch_size: int, temperature: float, args: argparse
         check_greedy_equal(tallies)
     speedups = {name: paired_speedup(tally, tallies[PLAIN]) for name, tally in tallies.items()}
     rows = [{"batch": batch_size, "T": temperature, "policy": name,
-             "speedup": f"{point:.3f}x [{low:.3f}, {high:.3f}]",
+             "speedup": round(point, 3), "95% CI": f"[{low:.3f}, {high:.3f}]",
              "tok/s": round(tallies[name].tokens_per_s, 1), "tokens/target call": round(tokens_per_call(tallies[name]), 2),
              "steps by k (0..)": "" if name == PLAIN else ", ".join(map(str, steps_by_k(tallies[name])))}
             for name, (point, low, high) in speedups.items()]
