@@ -107,16 +107,13 @@ def main() -> None:
 
 
 def with_saved_overrides(arguments: list[str]) -> list[str]:
-    """``resume=DIR`` continues DIR's run with that run's own command line: the overrides Hydra saved there
-    (``.hydra/overrides.yaml``) first, then the ones typed now, which replace a saved one of the same key (and a
-    changed setting is then refused by the config check, naming it). ``resume=true``, a sweep, or a directory
-    without saved overrides: the arguments as typed."""
+    """``resume=DIR``: DIR's run's own overrides (``.hydra/overrides.yaml``) first, then those typed now, which
+    replace a saved one of the same key (a changed setting is then refused, named). Otherwise as typed."""
     resumes = [argument.split("=", 1)[1] for argument in arguments if argument.startswith("resume=")]
     if not resumes or "-m" in arguments or "--multirun" in arguments:
         return arguments
-    saved = Path(resumes[-1]).expanduser() / ".hydra" / "overrides.yaml"
     try:
-        previous = yaml.safe_load(saved.read_text(encoding="utf-8"))
+        previous = yaml.safe_load((Path(resumes[-1]).expanduser() / ".hydra" / "overrides.yaml").read_text("utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return arguments
     if not isinstance(previous, list) or not all(isinstance(item, str) for item in previous):
