@@ -164,6 +164,9 @@ def load_weights(directory: str | Path, module: nn.Module) -> nn.Module:
     except (OSError, SafetensorError) as error:
         raise unreadable(path, error) from None
     own = module.state_dict()
+    # An empty buffer (a head's draft ids over the whole vocabulary) holds nothing to load: checkpoints saved before
+    # heads had one lack it, and still load.
+    state = {**{name: own[name] for name in set(own) - set(state) if own[name].numel() == 0}, **state}
     unknown = sorted(set(state) ^ set(own))
     if unknown:
         raise ValueError(f"the weights in {directory} do not fit this drafter's options: {unknown[:4]} differ")

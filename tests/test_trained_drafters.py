@@ -6,8 +6,11 @@ head's own drafting, and a head is refused by a target it was not trained for.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import specdec
 from conftest import SMALL_VOCAB, hf_greedy, left_pad, random_prompts, tiny_gpt2
@@ -228,3 +231,20 @@ def test_reduced_medusa_heads_round_trip_through_their_checkpoint_and_a_misfit_s
     assert "\n" not in str(refused.value)
     assert (f"the drafter in {tmp_path / 'medusa'} drafts from a reduced vocabulary of {target.config.vocab_size + 5} "
             f"tokens; this target's vocabulary holds {target.config.vocab_size}") in str(refused.value)
+
+
+def test_medusa_heads_saved_before_reduced_vocabularies_still_load(tmp_path, target):
+    """A checkpoint without the draft-ids buffer and without draft_vocab in its options (saved before heads had a
+    reduced vocabulary) loads as heads over the whole vocabulary, with its weights."""
+    heads = MedusaHeads(target, 2)
+    torch.nn.init.normal_(heads.blocks[0].weight, std=0.5)
+    save_drafter(tmp_path / "old", "medusa", heads, heads.options, target)
+    weights = tmp_path / "old" / "weights.safetensors"
+    save_file({name: tensor for name, tensor in load_file(str(weights)).items() if name != "draft_ids"}, str(weights))
+    config = json.loads((tmp_path / "old" / "drafter.json").read_text())
+    config["options"].pop("draft_vocab", None)
+    (tmp_path / "old" / "drafter.json").write_text(json.dumps(config))
+    loaded = MedusaDrafter.from_pretrained(tmp_path / "old", target)
+    assert not loaded.heads.reduced
+    for name, tensor in heads.state_dict().items():
+        assert torch.equal(loaded.heads.state_dict()[name], tensor), name
