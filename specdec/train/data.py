@@ -16,8 +16,10 @@ once as shards, and the target's hidden states over it, cached on disk or comput
   ``choose_hidden`` says whether caching is cheaper than recomputing them per batch, and why.
 - ``heldout_set``: held-out prompts (cut from held-out documents as the embedded pair's prompt set was) and the
   target's greedy continuations of them, the data simulated acceptance is measured on.
-- ``StreamWindows`` and ``SampledRows``: the embedded pair's batches (random windows of its text, random rows of
-  the target's greedy continuations), drawn with one generator whose state the loop's checkpoints keep.
+- ``Batches``: where the loop's batches come from, and the state a checkpoint keeps of them. ``StreamWindows`` and
+  ``SampledRows`` are the embedded pair's (random windows of its text, random rows of the target's greedy
+  continuations), drawn with one generator whose state is that; ``specdec.train.loop.SequenceBatches`` the
+  drafters' (fixed sequences, an order the step alone decides).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -411,12 +414,24 @@ def heldout_set(directory: Path, prompts: list[str], tokenizer, target: nn.Modul
     return sequences
 
 
-# The embedded pair's batches ---------------------------------------------------------------------------------------
+# Batches -----------------------------------------------------------------------------------------------------------
 
-class DrawnBatches:
+class Batches(Protocol):
+    """Where the loop's batches come from: ``draw(step)`` is step ``step``'s batch (this rank's share), and
+    ``state()`` what a checkpoint keeps so that a resumed run draws the batches an uninterrupted one would
+    (``restore(state)`` puts it back)."""
+
+    def draw(self, step: int) -> TrainingBatch: ...
+
+    def state(self) -> dict: ...
+
+    def restore(self, state: dict) -> None: ...
+
+
+class DrawnBatches(Batches):
     """Batches drawn with one generator seeded once, the embedded pair's data order; the generator's state is what a
-    checkpoint keeps (``specdec.train.loop.Batches``). ``rows(generator)`` draws [B, T+1] tokens and the [B, T]
-    positions whose next token is trained on."""
+    checkpoint keeps. ``rows(generator)`` draws [B, T+1] tokens and the [B, T] positions whose next token is
+    trained on."""
 
     def __init__(self, seed: int):
         self.generator = torch.Generator().manual_seed(seed)

@@ -32,7 +32,6 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -42,7 +41,7 @@ from torch import nn
 from specdec.checkpoints import save_draft_model, save_drafter
 from specdec.heads import EagleHead, MedusaHeads
 from specdec.results import json_ready
-from specdec.train.data import Sequences, target_hidden
+from specdec.train.data import Batches, Sequences, target_hidden
 from specdec.train.files import replace_bytes, save_state
 from specdec.train.losses import TrainingBatch, draft_matches, masked_mean, simulated_acceptance, walked_acceptance
 from specdec.types import StateRequest
@@ -271,20 +270,8 @@ def rank_slice(rows: torch.Tensor, ranks: Ranks) -> torch.Tensor:
     return rows[ranks.rank * share:(ranks.rank + 1) * share]
 
 
-class Batches(Protocol):
-    """Where the loop's batches come from: ``draw(step)`` is step ``step``'s batch (this rank's share), and
-    ``state()`` what a checkpoint keeps so that a resumed run draws the batches an uninterrupted one would
-    (``restore(state)`` puts it back)."""
-
-    def draw(self, step: int) -> TrainingBatch: ...
-
-    def state(self) -> dict: ...
-
-    def restore(self, state: dict) -> None: ...
-
-
 @dataclass
-class SequenceBatches:
+class SequenceBatches(Batches):
     """Batches of fixed sequences (``TrainingData``) in ``batch_rows``' order, which the step alone decides (no
     state to keep), with the target's hidden states the family reads."""
 
