@@ -358,7 +358,7 @@ def run_setting(run: RunRows) -> dict:
 def check_settings_apart(runs: list[RunRows]) -> None:
     """Runs whose rows record the same setting but whose configs differ would be merged into one setting by every
     table and plot (a key the rows do not record, or rows written before they recorded it): refused in one line
-    naming the first key that differs. Runs of one config (repeats) are kept; runs without a readable config are
+    naming every key that differs. Runs of one config (repeats) are kept; runs without a readable config are
     not compared."""
     first_with: dict[str, RunRows] = {}
     for run in runs:

@@ -31,10 +31,9 @@ import specdec
 from experiments.common.config_checks import ConfigError
 from specdec.train.data import heldout_set
 from specdec.train.loop import Family, evaluate, heldout_batches, hidden_layers
-from specdec.checkpoints import load_weights, read_drafter_config
 from specdec.eagle import SHIPPED as EAGLE_SHIPPED
 from specdec.eagle import EagleDrafter
-from specdec.heads import EagleHead, MedusaHeads
+from specdec.heads import EagleHead
 from specdec.models import EMBEDDED_DIR, PRESETS, load_pair
 from specdec.prompts import load_prompts
 from specdec.results import leviathan_speedup
@@ -108,8 +107,7 @@ def build(args: argparse.Namespace, pair) -> tuple[object, torch.nn.Module]:
         from specdec.medusa import MedusaDrafter
 
         drafter = MedusaDrafter.from_pretrained(directory, target)
-        config = read_drafter_config(directory, "medusa")
-        return drafter, load_weights(directory, MedusaHeads(target, **config["options"]))
+        return drafter, drafter.heads
     drafter = specdec.ModelDrafter.from_pair(pair, checkpoint=args.checkpoint)
     return drafter, drafter.model
 

@@ -5,7 +5,7 @@ app's, ../configs/pair). Run it as a module from the repository root:
     python -m experiments.train_drafter drafter=medusa                    # Medusa heads
     python -m experiments.train_drafter drafter=model loss=tv data=on_policy   # distil the pair's draft
     python -m experiments.train_drafter -m loss=kl,rkl,jsd,tv,ce drafter=model  # one run per divergence
-    python -m experiments.train_drafter resume=outputs/train/<run>        # continue after a kill
+    python -m experiments.train_drafter resume=outputs/train/<run>        # continue after a kill (its settings)
     torchrun --nproc-per-node 2 -m experiments.train_drafter ...          # data-parallel (gloo on CPU, nccl on CUDA)
 
 A run directory (outputs/train/<time>/) holds train_config.yaml, log.jsonl (loss per step, tau per evaluation),
@@ -96,13 +96,35 @@ class Texts:
 def main() -> None:
     """The command line checked before Hydra composes it (Hydra refuses an unknown group option or key in many
     lines), then the run."""
-    arguments = sys.argv[1:]
+    arguments = with_saved_overrides(sys.argv[1:])
+    sys.argv[1:] = arguments
     refuse_unknown_group_options(arguments, TRAIN_CONFIGS)
     try:
         check_override_keys(arguments)
     except ConfigError as err:
         refuse(err)
     train_from_config()
+
+
+def with_saved_overrides(arguments: list[str]) -> list[str]:
+    """``resume=DIR``: DIR's run's own overrides (``.hydra/overrides.yaml``) first, then those typed now, which
+    replace a saved one of the same key (a changed setting is then refused, named). Otherwise as typed."""
+    resumes = [argument.split("=", 1)[1] for argument in arguments if argument.startswith("resume=")]
+    if not resumes or "-m" in arguments or "--multirun" in arguments:
+        return arguments
+    try:
+        previous = yaml.safe_load((Path(resumes[-1]).expanduser() / ".hydra" / "overrides.yaml").read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return arguments
+    if not isinstance(previous, list) or not all(isinstance(item, str) for item in previous):
+        return arguments
+    typed = {override_key(argument) for argument in arguments}
+    return [*(item for item in previous if override_key(item) not in typed), *arguments]
+
+
+def override_key(argument: str) -> str:
+    """The key an override sets: ``+data.x=1`` and ``data.x=2`` both set ``data.x``."""
+    return argument.split("=", 1)[0].lstrip("+~")
 
 
 @hydra.main(version_base="1.3", config_path=str(TRAIN_CONFIGS), config_name="train")
@@ -286,6 +308,9 @@ def check_head(cfg: DictConfig, kind: str) -> None:
     """What the head's constructor can only check once the target is loaded."""
     head = cfg.drafter.head
     if kind == "model":
+        if cfg.drafter.draft_vocab is not None:
+            raise ConfigError(f"drafter.draft_vocab={cfg.drafter.draft_vocab} is for EAGLE and Medusa heads; "
+                              f"drafter=model drafts from the whole vocabulary")
         return
     family = {"eagle": EagleHead, "medusa": MedusaHeads}[kind]
     built = get_class(str(head._target_)) if "_target_" in head else None
@@ -312,9 +337,6 @@ def check_head(cfg: DictConfig, kind: str) -> None:
         if cfg.heldout.k > heads:
             raise ConfigError(f"heldout.k={cfg.heldout.k} is not allowed with {heads} Medusa heads: head i drafts "
                               f"token i + 1, so k <= drafter.head.num_heads")
-    if kind != "eagle" and cfg.drafter.draft_vocab is not None:
-        raise ConfigError(f"drafter.draft_vocab={cfg.drafter.draft_vocab} is for EAGLE heads; drafter={kind} drafts "
-                          f"from the whole vocabulary")
 
 
 def check_against_target(cfg: DictConfig, kind: str, make_head, data, pair: dict, context_limit: int | None) -> None:

@@ -139,6 +139,21 @@ def check_target(directory: str | Path, config: dict, target: nn.Module) -> None
                          f"{actual.describe()}")
 
 
+def saved_draft_ids(directory: str | Path, options: dict, target: nn.Module) -> list[int] | None:
+    """Stand-in draft ids that build a head of the saved reduced draft vocabulary's size (``options["draft_vocab"]``;
+    ``load_weights`` then puts the saved ids in place), or None for the whole vocabulary. A size that does not fit
+    the target's vocabulary is refused in one line, naming the checkpoint."""
+    size = options.get("draft_vocab")
+    if size is None:
+        return None
+    vocab_size = target.get_output_embeddings().weight.shape[0]
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= vocab_size:
+        raise ValueError(f"the drafter in {directory} drafts from a reduced vocabulary of {size!r} tokens; this "
+                         f"target's vocabulary holds {vocab_size}: a draft vocabulary must be an integer in [1, "
+                         f"{vocab_size}]")
+    return list(range(size))
+
+
 def load_weights(directory: str | Path, module: nn.Module) -> nn.Module:
     """``module`` with the checkpoint's parameters (cast to the module's dtype and device), in eval mode. Refused
     in one line where the module, built from ``drafter.json``'s options, is not what the weights were saved as."""
@@ -149,6 +164,9 @@ def load_weights(directory: str | Path, module: nn.Module) -> nn.Module:
     except (OSError, SafetensorError) as error:
         raise unreadable(path, error) from None
     own = module.state_dict()
+    # An empty buffer (a head's draft ids over the whole vocabulary) holds nothing to load: checkpoints saved before
+    # heads had one lack it, and still load.
+    state = {**{name: own[name] for name in set(own) - set(state) if own[name].numel() == 0}, **state}
     unknown = sorted(set(state) ^ set(own))
     if unknown:
         raise ValueError(f"the weights in {directory} do not fit this drafter's options: {unknown[:4]} differ")

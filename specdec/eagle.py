@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 
 from specdec.cache import static_capacity
-from specdec.checkpoints import check_target, load_weights, read_drafter_config
-from specdec.checks import check_children_fit_vocabulary, check_draft_ids, check_model, check_placement
+from specdec.checkpoints import check_target, load_weights, read_drafter_config, saved_draft_ids
+from specdec.checks import check_children_fit_vocabulary, check_model, check_placement
 from specdec.context import CachedContext
 from specdec.drafters import DRAFT_ROOM_GUESS, CachedDrafter, as_branching, draft_chain
 from specdec.dynamic_tree import CandidateTree, DynamicTreeDrafter, check_tree_size, grow_tree
-from specdec.heads import EagleHead, target_head_weight, target_width
+from specdec.heads import EagleHead, target_width
 from specdec.interfaces import StopHook
 from specdec.layout import Proposal, RowTreeLayout
 from specdec.models import EMBEDDED_DIR
@@ -55,7 +55,7 @@ class EagleDrafter(CachedDrafter):
         check_head_fits(head, target)
         self.tree = dynamic_tree_sizes(tree, compile)
         if self.tree is not None:
-            check_children_fit_vocabulary(f"tree top_k={self.tree[2]}", self.tree[2], draft_vocab_size(head, target))
+            check_children_fit_vocabulary(f"tree top_k={self.tree[2]}", self.tree[2], head.draft_vocab_size(target))
         self.head, self.target = head.eval().requires_grad_(False), target
         self.drafts_trees = self.tree is not None
         self.target_states = StateRequest(layers=head.feature_layers, positions="emitted")
@@ -69,7 +69,7 @@ class EagleDrafter(CachedDrafter):
         check_target(directory, config, target)
         saved = config["options"]
         head = EagleHead(target, feature_layers=tuple(saved["feature_layers"]), width=saved["width"],
-                         draft_ids=list(range(saved["draft_vocab"])) if saved.get("draft_vocab") else None)
+                         draft_ids=saved_draft_ids(directory, saved, target))
         return cls(load_weights(directory, head), target, **options)
 
     @classmethod
@@ -175,11 +175,6 @@ def dynamic_tree_sizes(tree: object, compile: bool = False) -> tuple[int, int, i
     return sizes
 
 
-def draft_vocab_size(head: EagleHead, target: torch.nn.Module) -> int:
-    """How many tokens the head can draft: its reduced vocabulary's, else the target's."""
-    return head.draft_ids.numel() if head.reduced else target_head_weight(target).shape[0]
-
-
 def check_head_fits(head: object, target: torch.nn.Module) -> None:
     """Everything ``generate`` will need of ``head`` beside ``target``, checked before any forward, in one line."""
     if not isinstance(head, EagleHead):
@@ -193,5 +188,4 @@ def check_head_fits(head: object, target: torch.nn.Module) -> None:
                          f"{target_width(target)} wide")
     check_placement("the EAGLE head", head, target)
     StateRequest(layers=head.feature_layers).resolved(target.config.num_hidden_layers)
-    if head.reduced:
-        check_draft_ids(head.draft_ids, target_head_weight(target).shape[0])
+    head.check_draft_vocabulary(target)

@@ -5,12 +5,16 @@ hidden state at t (the input of its LM head, or with ``feature_layers`` several 
 and the embedding of the token that follows. One decoder block of the target's family runs over that (a one-block
 model of the target's own class, ``body``), then that family's final norm (and a projection back to the target's
 width where the head is narrower): the *predicted feature* at t + 1. The target's own LM head, frozen and shared,
-gives the logits of the token after next; ``draft_ids`` restricts them to a frequent-token vocabulary (EAGLE-3's
-reduced draft vocabulary; other tokens get probability 0, so the ``speculative`` rule stays exact).
+gives the logits of the token after next.
 
 ``MedusaHeads`` (Cai et al. 2024). K residual blocks ``x + SiLU(W x + b)`` over the target's last hidden state, each
 followed by the target's LM head; head i, over the state that gave token t + 1, predicts token t + i + 2. W starts at
 zero, so an untrained head predicts what the target's head does.
+
+Both are ``DraftHead``s: ``draft_ids`` restricts the LM head to a reduced draft vocabulary (EAGLE-3's: the N tokens
+most frequent in the training data, ``specdec.train.loop.frequent_tokens``). The head scores those rows of the LM
+head only (training's cost at a large vocabulary is its logit tensors), and its drafts are target ids: ``widened``
+puts the scores back at their ids with -inf (probability 0) elsewhere, so the ``speculative`` rule stays exact.
 
 A head holds only its own parameters: the target's embedding and LM head are read from the target when the head
 runs (``EagleForward``, ``medusa_logits``), never copied. ``specdec.eagle`` and ``specdec.medusa`` draft with them;
@@ -78,30 +82,75 @@ def one_block_model(target: nn.Module, width: int) -> nn.Module:
     return body.eval()
 
 
-class EagleHead(nn.Module):
+class DraftHead(nn.Module):
+    """What EAGLE's and Medusa's heads share: the target's frozen LM head, over a reduced draft vocabulary where
+    ``draft_ids`` is given (a non-empty list of distinct token ids of the target's vocabulary, checked here in one
+    line), else over the whole vocabulary. The ids are a buffer (``draft_ids``, [V_d] sorted; empty: the whole
+    vocabulary), saved with the head's weights."""
+
+    def __init__(self, target: nn.Module, draft_ids: list[int] | None = None):
+        super().__init__()
+        vocab_size = target_head_weight(target).shape[0]
+        ids = [] if draft_ids is None else check_draft_ids(draft_ids, vocab_size)
+        self.register_buffer("draft_ids", torch.tensor(ids, dtype=torch.long, device=next(target.parameters()).device))
+
+    @property
+    def reduced(self) -> bool:
+        return self.draft_ids.numel() > 0
+
+    def draft_vocab_size(self, target: nn.Module) -> int:
+        """How many tokens the head can draft: its reduced vocabulary's, else the target's."""
+        return self.draft_ids.numel() if self.reduced else target_head_weight(target).shape[0]
+
+    def check_draft_vocabulary(self, target: nn.Module) -> None:
+        """The ids (perhaps loaded from a file, or changed after construction) still lie in the target's vocabulary."""
+        if self.reduced:
+            check_draft_ids(self.draft_ids, target_head_weight(target).shape[0])
+
+    def draft_weight(self, target: nn.Module) -> torch.Tensor:
+        """[V_d, D] the rows of the target's LM head the head scores (frozen: detached); [V, D] all of them."""
+        weight = target_head_weight(target).detach()
+        return weight.index_select(0, self.draft_ids) if self.reduced else weight
+
+    def widened(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """[..., V_d] scores over the draft vocabulary -> [..., V] at their target ids, -inf elsewhere."""
+        if not self.reduced:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+        return full.index_copy(-1, self.draft_ids, logits)  # [..., V]
+
+    def target_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """[...] positions in the draft vocabulary -> [...] the target's token ids."""
+        return self.draft_ids[index] if self.reduced else index
+
+    def draft_index(self, vocab_size: int) -> torch.Tensor:
+        """[V] each target id's position in a reduced draft vocabulary, -1 outside it."""
+        index = torch.full((vocab_size,), -1, dtype=torch.long, device=self.draft_ids.device)
+        return index.index_copy(0, self.draft_ids, torch.arange(self.draft_ids.numel(), device=index.device))
+
+
+class EagleHead(DraftHead):
     """EAGLE's draft head for one target (see the module docstring).
 
     ``feature_layers``: the target's hidden states it reads (``StateRequest`` numbering; (-1,) the last, EAGLE-1;
     three, a low, a middle and a high layer, fused by a linear map as EAGLE-3 does). ``width``: the block's width
     (default the target's). ``init_from_last_layer``: start the block (and, at the target's width, its norm and
-    positions) from the target's last block. ``draft_ids``: a reduced draft vocabulary (a non-empty list of distinct
-    token ids of the target's vocabulary), or None for the whole vocabulary. Each is checked here, in one line.
+    positions) from the target's last block. ``draft_ids``: a reduced draft vocabulary (``DraftHead``), or None for
+    the whole vocabulary. Each is checked here, in one line.
     """
 
     kind = "eagle"
 
     def __init__(self, target: nn.Module, feature_layers: tuple[int, ...] = (-1,), width: int | None = None,
                  init_from_last_layer: bool = False, draft_ids: list[int] | None = None):
-        super().__init__()
         check_family(target)
+        super().__init__(target, draft_ids)
         dim = target_width(target)
         width = dim if width is None else check_draft_length("width", width)
         self.feature_layers = tuple(feature_layers)
         StateRequest(layers=self.feature_layers).resolved(target.config.num_hidden_layers)
-        if draft_ids is not None:
-            draft_ids = check_draft_ids(draft_ids, target_head_weight(target).shape[0])
         self.options = {"feature_layers": list(self.feature_layers), "width": width,
-                        "draft_vocab": None if draft_ids is None else len(draft_ids)}
+                        "draft_vocab": self.draft_ids.numel() or None}
         parameter = next(target.parameters())
         options = dict(device=parameter.device, dtype=parameter.dtype)
         self.fuse = nn.Linear(len(feature_layers) * dim, dim, bias=False, **options) \
@@ -109,8 +158,6 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * dim, width, **options)
         self.body = one_block_model(target, width)
         self.project = nn.Linear(width, dim, bias=False, **options) if width != dim else None
-        ids = torch.tensor(draft_ids if draft_ids is not None else [], dtype=torch.long, device=parameter.device)
-        self.register_buffer("draft_ids", ids)
         if init_from_last_layer:
             self.start_from_last_layer(target)
 
@@ -125,10 +172,6 @@ class EagleHead(nn.Module):
         for name, module in own.named_children():
             if name in ("ln_f", "norm", "wpe"):
                 module.load_state_dict(getattr(theirs, name).state_dict())
-
-    @property
-    def reduced(self) -> bool:
-        return self.draft_ids.numel() > 0
 
     def fused(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H, D] the target's hidden states at ``feature_layers`` -> [..., D] the feature the head reads."""
@@ -153,8 +196,8 @@ class EagleForward(LeanForward):
         self.context_limit = self.family.context_limit
         self.embedding = target.get_input_embeddings().weight  # [V, D], the target's own
         self.head_weight = target_head_weight(target)  # [V, D], the target's own
-        # A reduced vocabulary's rows of the frozen LM head, gathered once (the target's head itself is not copied).
-        self.draft_weight = self.head_weight.detach().index_select(0, head.draft_ids) if head.reduced else None
+        # The draft vocabulary's rows of the frozen LM head, gathered once where reduced (else the target's own).
+        self.draft_weight = head.draft_weight(target)  # [V_d, D]
 
     def embed(self, input_ids, positions, features=None):
         tokens = F.embedding(input_ids, self.embedding)  # [B, n, D]
@@ -172,20 +215,19 @@ class EagleForward(LeanForward):
         """[B, m, D] -> [B, m, V] the target's LM head; with a reduced vocabulary, -inf outside it."""
         if not self.head.reduced:
             return F.linear(hidden, self.head_weight)
-        reduced = F.linear(hidden, self.draft_weight)  # [B, m, V_d]
-        full = reduced.new_full((*reduced.shape[:-1], self.vocab_size), float("-inf"))
-        return full.index_copy(-1, self.head.draft_ids, reduced)  # [B, m, V]
+        return self.head.widened(F.linear(hidden, self.draft_weight), self.vocab_size)  # [B, m, V]
 
 
-class MedusaHeads(nn.Module):
-    """Medusa's K heads for one target (see the module docstring)."""
+class MedusaHeads(DraftHead):
+    """Medusa's K heads for one target (see the module docstring); ``draft_ids``: a reduced draft vocabulary
+    (``DraftHead``), or None for the whole vocabulary."""
 
     kind = "medusa"
 
-    def __init__(self, target: nn.Module, num_heads: int = 4):
-        super().__init__()
+    def __init__(self, target: nn.Module, num_heads: int = 4, draft_ids: list[int] | None = None):
         if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
             raise ValueError(f"num_heads must be an integer >= 1, got {num_heads!r}")
+        super().__init__(target, draft_ids)
         dim = target_width(target)
         parameter = next(target.parameters())
         self.blocks = nn.ModuleList(nn.Linear(dim, dim, device=parameter.device, dtype=parameter.dtype)
@@ -193,7 +235,7 @@ class MedusaHeads(nn.Module):
         for block in self.blocks:
             nn.init.zeros_(block.weight)
             nn.init.zeros_(block.bias)
-        self.options = {"num_heads": num_heads}
+        self.options = {"num_heads": num_heads, "draft_vocab": self.draft_ids.numel() or None}
 
     @property
     def num_heads(self) -> int:
@@ -204,6 +246,10 @@ class MedusaHeads(nn.Module):
         return torch.stack([features + F.silu(block(features)) for block in self.blocks], -2)
 
 
-def medusa_logits(heads: MedusaHeads, target: nn.Module, features: torch.Tensor) -> torch.Tensor:
-    """[..., D] the target's last hidden states -> [..., K, V] each head's logits (the target's LM head)."""
-    return F.linear(heads(features), target_head_weight(target))
+def medusa_logits(heads: MedusaHeads, target: nn.Module, features: torch.Tensor, reduced: bool = False
+                  ) -> torch.Tensor:
+    """[..., D] the target's last hidden states -> [..., K, V] each head's logits (the target's LM head; with a
+    reduced draft vocabulary, -inf outside it). ``reduced``: [..., K, V_d] over the draft vocabulary only, in
+    ``heads.draft_ids`` order (training's loss; the whole vocabulary where the heads are not reduced)."""
+    logits = F.linear(heads(features), heads.draft_weight(target))  # [..., K, V_d]
+    return logits if reduced else heads.widened(logits, target_head_weight(target).shape[0])

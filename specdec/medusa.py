@@ -10,6 +10,8 @@ heads.
 - A tree (``tree=(b_1, ..., b_d)``, d <= K) gives each node at depth i - 1 the b_i top tokens of head i - 1 at
   temperature 0 (the same under every parent: Medusa's trees), else b_i draws of q_{i-1} per parent, and is verified
   like any static tree (``specdec.layout.TreeLayout``).
+- Heads with a reduced draft vocabulary (``specdec.heads.DraftHead``) give q_i over it (0 elsewhere): their drafts
+  are target ids, and a tree level may not be wider than that vocabulary.
 - The first step drafts nothing (no hidden state before the target's prefill). ``commit`` keeps the state of the
   step's last position, in place where the step's shapes are fixed.
 """
@@ -21,10 +23,10 @@ from pathlib import Path
 import torch
 
 from specdec.cache import adopted
-from specdec.checkpoints import check_target, load_weights, read_drafter_config
+from specdec.checkpoints import check_target, load_weights, read_drafter_config, saved_draft_ids
 from specdec.checks import check_children_fit_vocabulary, check_model, check_placement
 from specdec.drafters import as_branching
-from specdec.heads import MedusaHeads, medusa_logits, target_head_weight, target_width
+from specdec.heads import MedusaHeads, medusa_logits, target_width
 from specdec.interfaces import Drafter, StopHook
 from specdec.layout import Proposal, TreeLayout, tree_layout
 from specdec.models import EMBEDDED_DIR
@@ -39,7 +41,7 @@ class MedusaDrafter(Drafter):
     """Drafts with ``heads``, trained for ``target`` (see the module docstring). The constructor refuses, in one
     line, heads in another dtype or on another device than the target (refused, not cast: move them with
     ``heads.to(...)``; ``from_pretrained`` builds them in the target's), heads of another width, and a tree deeper
-    than the heads or wider than the vocabulary."""
+    than the heads or wider than the draft vocabulary."""
 
     name = "medusa"
     selects_rows = True
@@ -53,7 +55,7 @@ class MedusaDrafter(Drafter):
         self.branching = medusa_branching(tree, heads.num_heads)
         if self.branching is not None:
             check_children_fit_vocabulary(f"tree {list(self.branching)}", max(self.branching),
-                                          target_head_weight(target).shape[0])
+                                          heads.draft_vocab_size(target))
         self.drafts_trees = self.branching is not None
         self.drafts_on_device = not self.drafts_trees
         self.layouts: dict[tuple, TreeLayout] = {}  # (depth, device) -> the tree's first levels; ``release``
@@ -63,7 +65,8 @@ class MedusaDrafter(Drafter):
         """The Medusa heads saved in ``directory`` for ``target`` (refused in one line for another)."""
         config = read_drafter_config(directory, "medusa")
         check_target(directory, config, target)
-        heads = MedusaHeads(target, num_heads=config["options"]["num_heads"])
+        saved = config["options"]
+        heads = MedusaHeads(target, num_heads=saved["num_heads"], draft_ids=saved_draft_ids(directory, saved, target))
         return cls(load_weights(directory, heads), target, **options)
 
     @classmethod
@@ -175,3 +178,4 @@ def check_heads_fit(heads: object, target: torch.nn.Module) -> None:
         raise ValueError(f"the Medusa heads read hidden states of width {width}; the target's are "
                          f"{target_width(target)} wide: build the heads for this target")
     check_placement("the Medusa heads", heads, target)
+    heads.check_draft_vocabulary(target)

@@ -409,21 +409,21 @@ def without_keys(config: dict, keys: tuple[str, ...]) -> dict:
 
 
 def config_difference(old: dict, new: dict, free: tuple[str, ...] = FREE_KEYS) -> str | None:
-    """The first dotted key outside ``free`` where two configs differ, as 'key: old -> new'; None where they agree
-    (the one comparison of configs: resume in both apps, and analysis)."""
-    return first_difference(without_keys(old, free), without_keys(new, free), "")
+    """Every dotted key outside ``free`` where two configs differ, as 'key: old -> new', joined by ', '; None where
+    they agree (the one comparison of configs: resume in both apps, and analysis)."""
+    found = differences(without_keys(old, free), without_keys(new, free), "")
+    return ", ".join(found) if found else None
 
 
-def first_difference(old: dict, new: dict, prefix: str) -> str | None:
+def differences(old: dict, new: dict, prefix: str) -> list[str]:
+    found = []
     for key in sorted(set(old) | set(new), key=str):
         a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
         if isinstance(a, dict) and isinstance(b, dict):
-            found = first_difference(a, b, f"{prefix}{key}.")
-            if found:
-                return found
+            found.extend(differences(a, b, f"{prefix}{key}."))
         elif a != b:
-            return f"{prefix}{key}: {a!r} -> {b!r}"
-    return None
+            found.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return found
 
 
 def json_ready(value):

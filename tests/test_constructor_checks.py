@@ -260,24 +260,27 @@ def test_medusa_heads_in_another_dtype_or_width_are_refused_at_construction(head
     assert "hidden states of width 48; the target's are 32 wide" in one_line(error)
 
 
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
 @pytest.mark.parametrize("draft_ids, shown", [([], "got an empty list"), ([1, 97], "token id 97, outside"),
                                               ([-1, 3], "token id -1, outside")])
-def test_draft_ids_empty_or_outside_the_vocabulary_are_refused(head_target, draft_ids, shown):
-    from specdec.heads import EagleHead
+def test_draft_ids_empty_or_outside_the_vocabulary_are_refused(head_target, kind, draft_ids, shown):
+    from specdec.heads import EagleHead, MedusaHeads
 
     with pytest.raises(ValueError) as error:
-        EagleHead(head_target, draft_ids=draft_ids)
+        {"eagle": EagleHead, "medusa": MedusaHeads}[kind](head_target, draft_ids=draft_ids)
     assert shown in one_line(error)
 
 
-def test_a_head_whose_draft_ids_were_changed_after_construction_is_refused_by_the_drafter(head_target):
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_a_head_whose_draft_ids_were_changed_after_construction_is_refused_by_the_drafter(head_target, kind):
     from specdec.eagle import EagleDrafter
-    from specdec.heads import EagleHead
+    from specdec.heads import EagleHead, MedusaHeads
+    from specdec.medusa import MedusaDrafter
 
-    head = EagleHead(head_target, draft_ids=[1, 2, 3])
+    head = {"eagle": EagleHead, "medusa": MedusaHeads}[kind](head_target, draft_ids=[1, 2, 3])
     head.draft_ids[2] = 500  # e.g. a buffer loaded from a damaged file
     with pytest.raises(ValueError) as error:
-        EagleDrafter(head, head_target)
+        {"eagle": EagleDrafter, "medusa": MedusaDrafter}[kind](head, head_target)
     assert "token id 500, outside the target's vocabulary [0, 97)" in one_line(error)
 
 
@@ -311,6 +314,15 @@ def test_a_medusa_tree_wider_than_the_vocabulary_is_refused(head_target):
     with pytest.raises(ValueError) as error:
         MedusaDrafter(MedusaHeads(head_target, 2), head_target, tree=(150, 1))
     assert "tree [150, 1] gives a node 150 children, more than the draft's vocabulary of 97" in one_line(error)
+
+
+def test_a_medusa_tree_wider_than_the_reduced_vocabulary_is_refused(head_target):
+    from specdec.heads import MedusaHeads
+    from specdec.medusa import MedusaDrafter
+
+    with pytest.raises(ValueError) as error:
+        MedusaDrafter(MedusaHeads(head_target, 2, draft_ids=[1, 2, 3]), head_target, tree=(2, 5))
+    assert "tree [2, 5] gives a node 5 children, more than the draft's vocabulary of 3 tokens" in one_line(error)
 
 
 def test_eagle_feature_layers_beyond_the_target_are_refused(head_target):

@@ -1,20 +1,23 @@
 """Drafters that read the target's hidden states: EAGLE heads (chains, EAGLE-2 dynamic trees, EAGLE-3 fusion, a
-reduced draft vocabulary) and Medusa heads (chains, top-k trees). Exactness: greedy equality with transformers at
+reduced draft vocabulary) and Medusa heads (chains, top-k trees, a reduced draft vocabulary). Exactness: greedy equality with transformers at
 batch 1 and on ragged batches with EOS, on both drivers for chains; the joint distribution of the first tokens at
 temperature 1 through the real loop (chi-square), with a lossy control failing it. The training passes equal the
 head's own drafting, and a head is refused by a target it was not trained for."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import specdec
 from conftest import SMALL_VOCAB, hf_greedy, left_pad, random_prompts, tiny_gpt2
 from specdec.checkpoints import save_drafter
 from specdec.train.losses import TrainingBatch, draft_matches, eagle_loss, eagle_passes, simulated_acceptance
 from specdec.eagle import EagleDrafter
-from specdec.heads import EagleHead, MedusaHeads
+from specdec.heads import EagleHead, MedusaHeads, medusa_logits
 from specdec.medusa import MedusaDrafter
 from specdec.testing import check_lossless
 
@@ -61,10 +64,12 @@ def drafters(target, eagle_head) -> dict:
         "eagle-reduced-vocab": lambda: EagleDrafter(EagleHead(target, draft_ids=list(range(0, 97, 2))), target),
         "medusa-chain": lambda: MedusaDrafter(MedusaHeads(target, 3), target),
         "medusa-tree": lambda: MedusaDrafter(MedusaHeads(target, 3), target, tree=(2, 2, 1)),
+        "medusa-reduced-vocab": lambda: MedusaDrafter(MedusaHeads(target, 3, draft_ids=list(range(0, 97, 2))), target),
     }
 
 
-NAMES = ["eagle-chain", "eagle-2-tree", "eagle-3-fusion", "eagle-reduced-vocab", "medusa-chain", "medusa-tree"]
+NAMES = ["eagle-chain", "eagle-2-tree", "eagle-3-fusion", "eagle-reduced-vocab", "medusa-chain", "medusa-tree",
+         "medusa-reduced-vocab"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -95,6 +100,7 @@ SAMPLED = {
     "eagle-reduced-vocab": lambda t: EagleDrafter(EagleHead(t, draft_ids=[0, 2, 3, 5, 7]), t),
     "medusa-chain": lambda t: MedusaDrafter(MedusaHeads(t, 2), t),
     "medusa-tree": lambda t: MedusaDrafter(MedusaHeads(t, 2), t, tree=(2, 2)),
+    "medusa-reduced-vocab": lambda t: MedusaDrafter(MedusaHeads(t, 2, draft_ids=[0, 2, 3, 5, 7]), t),
 }
 
 
@@ -180,3 +186,65 @@ def test_a_head_is_refused_by_a_target_it_was_not_trained_for(tmp_path, target):
         MedusaDrafter.from_pretrained(tmp_path / "medusa", other)
     with pytest.raises(ValueError, match="holds a 'medusa' drafter, not a 'eagle' one"):
         EagleDrafter.from_pretrained(tmp_path / "medusa", target)
+
+
+def test_reduced_medusa_heads_draft_target_ids_the_full_heads_rank_first_among_them(target):
+    """Heads over draft ids D: at temperature 0 head i drafts argmax over D of the same full heads' logits (as a
+    target id), at temperature 1 its q_i is their softmax renormalised over D and 0 elsewhere."""
+    torch.manual_seed(3)
+    full = MedusaHeads(target, 3)
+    for parameter in full.parameters():
+        parameter.data.normal_(0, 0.3)
+    ids = torch.tensor([1, 4, 9, 16, 25, 36, 49, 64, 81])
+    reduced = MedusaHeads(target, 3, draft_ids=ids.tolist())
+    reduced.load_state_dict({**full.state_dict(), "draft_ids": ids})
+    state = torch.randn(2, target.config.n_embd)  # [B, D] the target's last hidden state
+    expected = medusa_logits(full, target, state)[..., ids]  # [B, K, |D|]
+    drafter = MedusaDrafter(reduced, target)
+    drafter.start(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long))
+    drafter.state = state
+    greedy = drafter.propose(3, specdec.sampling.SamplingConfig(), torch.Generator().manual_seed(0))
+    assert torch.equal(greedy.tokens, ids[expected.argmax(-1)])
+    sampled = drafter.propose(3, specdec.sampling.SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    outside = torch.ones(target.config.vocab_size, dtype=torch.bool).index_fill(0, ids, False)
+    assert torch.isin(sampled.tokens, ids).all() and (sampled.probs[..., outside] == 0).all()
+    torch.testing.assert_close(sampled.probs[..., ids], expected.softmax(-1))
+
+
+def test_reduced_medusa_heads_round_trip_through_their_checkpoint_and_a_misfit_size_is_refused(tmp_path, target):
+    import json
+
+    torch.manual_seed(4)
+    heads = MedusaHeads(target, 2, draft_ids=[3, 1, 8, 40])
+    for parameter in heads.parameters():
+        parameter.data.normal_(0, 0.3)
+    save_drafter(tmp_path / "medusa", "medusa", heads, heads.options, target)
+    loaded = MedusaDrafter.from_pretrained(tmp_path / "medusa", target).heads
+    assert loaded.draft_ids.tolist() == [1, 3, 8, 40] and loaded.options == {"num_heads": 2, "draft_vocab": 4}
+    state = torch.randn(3, target.config.n_embd)
+    assert torch.equal(medusa_logits(loaded, target, state), medusa_logits(heads, target, state))
+    config = json.loads((tmp_path / "medusa" / "drafter.json").read_text())
+    config["options"]["draft_vocab"] = target.config.vocab_size + 5
+    (tmp_path / "medusa" / "drafter.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as refused:
+        MedusaDrafter.from_pretrained(tmp_path / "medusa", target)
+    assert "\n" not in str(refused.value)
+    assert (f"the drafter in {tmp_path / 'medusa'} drafts from a reduced vocabulary of {target.config.vocab_size + 5} "
+            f"tokens; this target's vocabulary holds {target.config.vocab_size}") in str(refused.value)
+
+
+def test_medusa_heads_saved_before_reduced_vocabularies_still_load(tmp_path, target):
+    """A checkpoint without the draft-ids buffer and without draft_vocab in its options (saved before heads had a
+    reduced vocabulary) loads as heads over the whole vocabulary, with its weights."""
+    heads = MedusaHeads(target, 2)
+    torch.nn.init.normal_(heads.blocks[0].weight, std=0.5)
+    save_drafter(tmp_path / "old", "medusa", heads, heads.options, target)
+    weights = tmp_path / "old" / "weights.safetensors"
+    save_file({name: tensor for name, tensor in load_file(str(weights)).items() if name != "draft_ids"}, str(weights))
+    config = json.loads((tmp_path / "old" / "drafter.json").read_text())
+    config["options"].pop("draft_vocab", None)
+    (tmp_path / "old" / "drafter.json").write_text(json.dumps(config))
+    loaded = MedusaDrafter.from_pretrained(tmp_path / "old", target)
+    assert not loaded.heads.reduced
+    for name, tensor in heads.state_dict().items():
+        assert torch.equal(loaded.heads.state_dict()[name], tensor), name

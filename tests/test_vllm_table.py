@@ -34,3 +34,18 @@ def test_the_table_loads_as_vllms_list_contiguous_with_k_zero_where_speculation_
 
 def test_ranges_hold_each_measured_k_until_the_next_batch_size():
     assert vllm_table.batch_ranges({1: 5, 2: 3, 8: 3, 32: 0}) == [[1, 1, 5], [2, 31, 3], [32, 32, 0]]
+
+
+def test_the_table_from_a_load_bench_result_takes_its_fastest_fixed_k_at_the_temperature_asked(tmp_path):
+    rows = [{"batch": batch, "T": temperature, "policy": policy, "speedup": speedup}
+            for batch, temperature, policy, speedup in [
+                (1, 0.0, "plain", 1.0), (1, 0.0, "k=2", 1.4), (1, 0.0, "k=4", 1.6), (1, 0.0, "cost_optimal", 1.9),
+                (1, 1.0, "plain", 1.0), (1, 1.0, "k=2", 1.3), (1, 1.0, "k=4", 1.1),
+                (16, 0.0, "plain", 1.0), (16, 0.0, "k=2", 0.97), (16, 0.0, "heuristic", 1.2),
+                (16, 1.0, "plain", 1.0), (16, 1.0, "k=2", 1.05)]]
+    bench = tmp_path / "load_bench.json"
+    bench.write_text(json.dumps({"rows": rows, "verdicts": []}))
+    vllm_table.main([str(bench)])
+    assert json.loads((tmp_path / vllm_table.OUTPUT).read_text()) == [[1, 15, 4], [16, 16, 0]]
+    vllm_table.main([str(bench), "--temperature", "1"])
+    assert json.loads((tmp_path / vllm_table.OUTPUT).read_text()) == [[1, 16, 2]]

@@ -139,6 +139,7 @@ class Tally:
     warmup_seconds: float = 0.0  # untimed warm-up calls (a compiled method's compilation happens there)
     compilations_while_timed: int = 0  # frames compiled during the run's timed calls, all methods together
     outputs: list[list[list[int]]] = field(default_factory=list)  # each timed call's token rows
+    call_seconds: list[float] = field(default_factory=list)  # each timed call's seconds, in order
     stats: list[DecodeStats] = field(default_factory=list)  # each timed call's DecodeStats, in order
 
     @property
@@ -197,7 +198,9 @@ def time_call(method: Method, batch, index: int, clock: Clock, timed_models: tup
     timer = ForwardTimer(clock, *timed_models) if timed_models and not method.compiled else None
     start = clock.now()
     decoded = method.decode(batch, index)
-    tally.seconds += clock.now() - start
+    seconds = clock.now() - start
+    tally.seconds += seconds
+    tally.call_seconds.append(seconds)
     tally.tokens += sum(map(len, decoded.tokens))
     tally.outputs.append(decoded.tokens)
     tally.stats.extend(decoded.stats)

@@ -194,18 +194,15 @@ def build_family(kind: str, make_head: Callable | None, objective: Callable, pai
     """The family ``kind``: ``make_head(target, ...)`` completes the configured head (eagle, medusa); a model
     family trains a copy of the pair's draft."""
     target = pair.target
-    if kind == "eagle":
-        head = make_head(target, draft_ids=draft_ids) if draft_ids is not None else make_head(target)
-        if not isinstance(head, EagleHead):
-            raise TypeError(f"drafter=eagle builds a specdec.heads.EagleHead, got {type(head).__name__}")
-        module, layers = head, hidden_layers(target, head.feature_layers)
-        features = len(head.feature_layers)
-    elif kind == "medusa":
-        module, layers, features = make_head(target), (target.config.num_hidden_layers,), 0
-        if not isinstance(module, MedusaHeads):
-            raise TypeError(f"drafter=medusa builds specdec.heads.MedusaHeads, got {type(module).__name__}")
-    else:
+    if kind == "model":
         module, layers, features = copy.deepcopy(pair.draft), (target.config.num_hidden_layers,), 0
+        return Family(kind, module.float().train().requires_grad_(True), objective, layers, features)
+    module = make_head(target, draft_ids=draft_ids) if draft_ids is not None else make_head(target)
+    family = {"eagle": EagleHead, "medusa": MedusaHeads}[kind]
+    if not isinstance(module, family):
+        raise TypeError(f"drafter={kind} builds a specdec.heads.{family.__name__}, got {type(module).__name__}")
+    feature_layers = getattr(module, "feature_layers", ())
+    layers, features = hidden_layers(target, feature_layers), len(feature_layers)
     return Family(kind, module.float().train().requires_grad_(True), objective, layers, features)
 
 
@@ -565,7 +562,6 @@ def train(settings: Settings, family: Family, target: nn.Module | None, batches:
     if ranks.main and heldout is not None and best.weights is not None:  # the best drafter, as the checkpoint knew it
         save_best(family, best, target, out, training_info or {}, settings)
     mean = global_mean(ranks)
-    parameters = [parameter for parameter in module.parameters() if parameter.requires_grad]
     recent: deque[float] = deque(maxlen=20)
     began = time.perf_counter() - seconds
     saved_at = time.perf_counter()
@@ -574,22 +570,7 @@ def train(settings: Settings, family: Family, target: nn.Module | None, batches:
     stopped = False
     while not (finished or stopped):
         done = from_main(progress(step, time.perf_counter() - began, settings), ranks)
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(done, settings)
-        batch = batches.draw(step)
-        with forward_precision(settings, target, device):
-            loss = family.loss(target, batch, settings.divergence, mean)
-        value = summed(float(loss.detach()), ranks)
-        if not math.isfinite(value):
-            raise TrainingStopped(f"the loss at step {step + 1} is {value}: training diverged (lower lr, keep "
-                                  f"grad_clip > 0, check the loss weights); nothing non-finite was written, the "
-                                  f"last checkpoint and drafter/ are as they were")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        reduce_gradients([parameter for parameter in parameters if parameter.grad is not None], ranks)
-        if settings.grad_clip:
-            torch.nn.utils.clip_grad_norm_(parameters, settings.grad_clip)
-        optimizer.step()
+        value = training_step(step, done, family, target, batches.draw(step), optimizer, settings, ranks, mean)
         step += 1
         recent.append(value)
         seconds = time.perf_counter() - began
@@ -647,6 +628,30 @@ def measure_best(family: Family, target: nn.Module, heldout: list[TrainingBatch]
         save_best(family, best, target, out, training_info, settings)
     plot_tau(log.lines(), out / "tau.png")
     return best
+
+
+def training_step(step: int, done: float, family: Family, target: nn.Module | None, batch: TrainingBatch,
+                  optimizer: torch.optim.Optimizer, settings: Settings, ranks: Ranks, mean) -> float:
+    """Optimizer step ``step`` (from 0) on ``batch``, at progress ``done`` of the schedule: the family's loss (under
+    ``forward_precision``), its gradients summed over ranks and clipped, AdamW at the schedule's learning rate.
+    Returns the loss, summed over ranks; a non-finite one stops training before anything is changed."""
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate(done, settings)
+    with forward_precision(settings, target, next(family.module.parameters()).device):
+        loss = family.loss(target, batch, settings.divergence, mean)
+    value = summed(float(loss.detach()), ranks)
+    if not math.isfinite(value):
+        raise TrainingStopped(f"the loss at step {step + 1} is {value}: training diverged (lower lr, keep "
+                              f"grad_clip > 0, check the loss weights); nothing non-finite was written, the "
+                              f"last checkpoint and drafter/ are as they were")
+    parameters = [parameter for parameter in family.module.parameters() if parameter.requires_grad]
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    reduce_gradients([parameter for parameter in parameters if parameter.grad is not None], ranks)
+    if settings.grad_clip:
+        torch.nn.utils.clip_grad_norm_(parameters, settings.grad_clip)
+    optimizer.step()
+    return value
 
 
 def resume_from(state: dict, module: nn.Module, optimizer: torch.optim.Optimizer, batches: Batches,

@@ -9,14 +9,16 @@ target scored (``TrainingBatch``: tokens, the target's hidden states, which posi
 - ``eagle_loss``: EAGLE's feature regression (smooth L1 to the target's next feature, where the head predicts the
   target's last layer) plus the divergence of its logits, over ``passes`` unrolled draft steps: pass j feeds the
   features pass j - 1 predicted, attending the real prefix and the earlier passes' slots as drafting does (EAGLE-3's
-  training-time test). A head with a reduced draft vocabulary is compared with p restricted to that vocabulary and
-  renormalised, at the positions whose target choice lies inside it (EAGLE-3's rule: q is 0 outside, so every
-  divergence but tv would be infinite there);
+  training-time test);
 - ``medusa_loss``: head i against p at i + 1 positions ahead;
 - ``draft_loss``: a draft model's divergence at every position;
 - ``next_token_loss`` and ``distillation_loss``: how the embedded pair's models are trained (its target from text
   alone; its draft toward the target run as a teacher, w KL(p || q) + (1 - w) CE), with torch's own reductions over
   the batch, exactly as the shipped pair was trained, so they are for a single process.
+
+A head with a reduced draft vocabulary (either kind) is scored over that vocabulary only and compared with p
+restricted to it and renormalised, at the positions whose target choice lies inside it (``next_token_targets``,
+EAGLE-3's rule: q is 0 outside, so every divergence but tv would be infinite there).
 
 Each loss averages over the positions that count with ``mean(values, mask)`` (default ``masked_mean``, this batch's
 mean); data-parallel training passes a mean over the whole global batch instead, so that gradients summed over
@@ -37,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.heads import EagleHead, MedusaHeads, medusa_logits, target_head_weight
+from specdec.heads import DraftHead, EagleHead, MedusaHeads, medusa_logits, target_head_weight
 
 DIVERGENCES = ("kl", "rkl", "jsd", "tv", "ce")
 Mean = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (values [...], mask [...]) -> the mean that counts
@@ -84,13 +86,27 @@ def target_logits(target: nn.Module, last: torch.Tensor) -> torch.Tensor:
     return F.linear(last, target_head_weight(target).detach())
 
 
+def next_token_targets(head: DraftHead, target: nn.Module, batch: TrainingBatch, loss: str
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """By position t, what a head learns of token t + 1, over its draft vocabulary: [B, T, V_d] p's logits, [B, T]
+    the token t + 1 as a position in the draft vocabulary (for "ce"), and [B, T] whether the target's choice (that
+    token for "ce", else p's argmax) lies inside it. Over the whole vocabulary: p, the tokens, everywhere."""
+    p = target_logits(target, batch.last)  # [B, T, V]
+    following = batch.tokens.roll(-1, 1)  # [B, T] token t + 1
+    if not head.reduced:
+        return p, following, torch.ones_like(batch.counts)
+    index = head.draft_index(p.shape[-1])  # [V] target id -> draft position, -1 outside
+    choice = following if loss == "ce" else p.argmax(-1)  # [B, T]
+    return p.index_select(-1, head.draft_ids), index[following].clamp_min(0), index[choice] >= 0
+
+
 def eagle_passes(head: EagleHead, target: nn.Module, batch: TrainingBatch, passes: int, reduced: bool = False
                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The head's first ``passes`` draft steps from every prefix at once: per pass j, [B, T, V] logits and
     [B, T, D] predicted features, position t predicting token t + 2. Pass 0 reads the target's features; pass j
     reads pass j - 1's prediction at t - 1 and attends the real prefix up to t - j and pass i's slot at t - j + i,
-    as the head does while drafting. Differentiable. ``reduced``: a reduced head's logits over its own draft
-    vocabulary only, [B, T, V_d] in ``head.draft_ids`` order (for its loss; drafting sees -inf elsewhere)."""
+    as the head does while drafting. Differentiable. ``reduced``: logits over the head's draft vocabulary only,
+    [B, T, V_d] in ``head.draft_ids`` order (its loss; drafting sees -inf elsewhere; all of V where not reduced)."""
     forward = head.lean(target)
     batch_size, length = batch.tokens.shape
     device = batch.tokens.device
@@ -136,18 +152,10 @@ def eagle_loss(head: EagleHead, target: nn.Module, batch: TrainingBatch, loss: s
     mean = mean or masked_mean
     total = 0.0
     regress = feature_weight and tuple(head.feature_layers) == (-1,)
-    p = target_logits(target, batch.last)  # [B, T, V] p at each position
-    tokens = torch.roll(batch.tokens, -2, 1)  # [B, T] the token position t predicts
-    inside = torch.ones_like(batch.counts)  # [B, T] where the target's choice is one the head can draft
-    if head.reduced:
-        choice = tokens if loss == "ce" else p.roll(-1, 1).argmax(-1)  # [B, T]
-        index = torch.full((p.shape[-1],), -1, dtype=torch.long, device=p.device)
-        index[head.draft_ids] = torch.arange(head.draft_ids.numel(), device=p.device)  # token id -> draft index
-        inside, tokens = index[choice] >= 0, index[tokens].clamp_min(0)
-        p = p.index_select(-1, head.draft_ids)  # [B, T, V_d]
-    for j, (logits, predicted) in enumerate(eagle_passes(head, target, batch, passes, reduced=head.reduced)):
-        counts = shifted_counts(batch.counts, 1, j) & inside  # [B, T] position t predicts token t + 2
-        term = token_weight * divergence(loss, logits, p.roll(-1, 1), tokens)
+    p, tokens, inside = next_token_targets(head, target, batch, loss)  # [B, T, V_d], [B, T], [B, T]
+    for j, (logits, predicted) in enumerate(eagle_passes(head, target, batch, passes, reduced=True)):
+        counts = shifted_counts(batch.counts, 1, j) & inside.roll(-1, 1)  # [B, T] position t predicts token t + 2
+        term = token_weight * divergence(loss, logits, p.roll(-1, 1), tokens.roll(-1, 1))
         if regress:
             term = term + feature_weight * F.smooth_l1_loss(predicted, batch.last.roll(-1, 1), reduction="none").mean(-1)
         total = total + pass_decay**j * mean(term, counts)
@@ -156,15 +164,17 @@ def eagle_loss(head: EagleHead, target: nn.Module, batch: TrainingBatch, loss: s
 
 def medusa_loss(heads: MedusaHeads, target: nn.Module, batch: TrainingBatch, loss: str = "kl",
                 mean: Mean | None = None) -> torch.Tensor:
-    """Head i at position t against p at t + i + 1 (it predicts token t + i + 2); heads weighted alike."""
+    """Head i at position t against p at t + i + 1 (it predicts token t + i + 2); heads weighted alike. With a
+    reduced draft vocabulary, over that vocabulary where the target's choice lies inside it (``next_token_targets``)."""
     mean = mean or masked_mean
-    logits = medusa_logits(heads, target, batch.last)  # [B, T, K, V]
-    p = target_logits(target, batch.last)  # [B, T, V]
+    logits = medusa_logits(heads, target, batch.last, reduced=True)  # [B, T, K, V_d]
+    p, tokens, inside = next_token_targets(heads, target, batch, loss)  # [B, T, V_d], [B, T], [B, T]
     total = 0.0
     for i in range(heads.num_heads):
-        tokens = torch.roll(batch.tokens, -(i + 2), 1)
-        term = divergence(loss, logits[:, :, i], p.roll(-(i + 1), 1), tokens)
-        total = total + mean(term, shifted_counts(batch.counts, i + 1, 0))
+        ahead = i + 1  # head i's distribution is p's at t + i + 1
+        counts = shifted_counts(batch.counts, ahead, 0) & inside.roll(-ahead, 1)  # [B, T]
+        term = divergence(loss, logits[:, :, i], p.roll(-ahead, 1), tokens.roll(-ahead, 1))
+        total = total + mean(term, counts)
     return total / heads.num_heads
 
 
@@ -242,11 +252,12 @@ def draft_matches(drafter: nn.Module, target: nn.Module, batch: TrainingBatch, k
     prefixes whose k steps all lie in counted tokens."""
     choice = target_logits(target, batch.last).argmax(-1)  # [B, T] the target's choice of token t + 1
     if isinstance(drafter, EagleHead):  # pass i at position t + i predicts token t + i + 2
-        steps = [logits.argmax(-1) for logits, _ in eagle_passes(drafter, target, batch, k)]
+        steps = [drafter.target_ids(logits.argmax(-1)) for logits, _ in eagle_passes(drafter, target, batch, k, True)]
         guesses = torch.stack([steps[i].roll(-i, 1) for i in range(k)], -1)  # [B, T, k]
         ahead = 1
     elif isinstance(drafter, MedusaHeads):  # head i at position t predicts token t + i + 2
-        guesses = medusa_logits(drafter, target, batch.last).argmax(-1)[..., :k]  # [B, T, k]
+        logits = medusa_logits(drafter, target, batch.last, reduced=True)[..., :k, :]  # [B, T, k, V_d]
+        guesses = drafter.target_ids(logits.argmax(-1))  # [B, T, k] target ids
         ahead = 1
     else:  # teacher forced: position t + i predicts token t + i + 1
         argmax = drafter(batch.tokens).logits.argmax(-1)  # [B, T]
