@@ -509,8 +509,7 @@ def run(plan: Plan, texts: Texts) -> None:
                         refresh=False)
 
     try:
-        batches = SequenceBatches(TrainingData(sequences, hidden.values), family, target, plan.settings.batch_size,
-                                  plan.settings.seed, ranks)
+        batches = SequenceBatches(TrainingData(sequences, hidden.values), family, target, plan.settings, ranks)
         outcome = train(plan.settings, family, target, batches, plan.out, heldout=heldout, ranks=ranks,
                         logger=plan.logger, training_info=info, progress_of=progress)
     finally:

@@ -275,12 +275,12 @@ class SequenceBatches(Batches):
     data: TrainingData
     family: Family
     target: nn.Module
-    batch_size: int
-    seed: int
+    settings: Settings  # its batch_size (the global batch) and seed
     ranks: Ranks = Ranks()
 
     def draw(self, step: int) -> TrainingBatch:
-        rows = rank_slice(batch_rows(step, self.batch_size, len(self.data.sequences), self.seed), self.ranks)
+        rows = batch_rows(step, self.settings.batch_size, len(self.data.sequences), self.settings.seed)
+        rows = rank_slice(rows, self.ranks)
         return make_batch(self.data, rows, self.family, self.target, next(self.target.parameters()).device)
 
     def state(self) -> dict:
