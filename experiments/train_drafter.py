@@ -48,9 +48,9 @@ from specdec.results import config_difference
 from specdec.train import corpus as corpus_lib
 from specdec.train import data as data_lib
 from specdec.train.files import DamagedFile
-from specdec.train.loop import (KINDS, Best, Checkpoints, Ranks, Settings, TrainingData, TrainingStopped, barrier,
-                                build_family, frequent_tokens, heldout_batches, hidden_layers, print_line,
-                                start_ranks, train, vocabulary_coverage)
+from specdec.train.loop import (KINDS, Best, Checkpoints, Ranks, SequenceBatches, Settings, TrainingData,
+                                TrainingStopped, barrier, build_family, frequent_tokens, heldout_batches,
+                                hidden_layers, print_line, start_ranks, train, vocabulary_coverage)
 from specdec.train.losses import DIVERGENCES
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -509,8 +509,9 @@ def run(plan: Plan, texts: Texts) -> None:
                         refresh=False)
 
     try:
-        outcome = train(plan.settings, family, target, TrainingData(sequences, hidden.values),
-                        heldout, plan.out, ranks, plan.logger, info, progress)
+        batches = SequenceBatches(TrainingData(sequences, hidden.values), family, target, plan.settings, ranks)
+        outcome = train(plan.settings, family, target, batches, plan.out, heldout=heldout, ranks=ranks,
+                        logger=plan.logger, training_info=info, progress_of=progress)
     finally:
         bar.close()
     if ranks.main:

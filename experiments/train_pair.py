@@ -3,7 +3,8 @@
 One command rebuilds everything from registry packages (CPU, about two hours on 2 cores); the shipped pair was
 built with wall-time budgets, so a busy machine takes fewer steps instead of overrunning:
     python -m experiments.train_pair --target-minutes 80 --draft-minutes 15 --greedy-minutes 12
-The draft is distilled twice: on the training text, then on the target's own greedy continuations.
+The draft is distilled twice: on the training text, then on the target's own greedy continuations. Every stage
+trains through specdec's one training loop (specdec.train.loop.train), with the pair's batches and losses.
 Writes specdec/embedded/{tokenizer,target,draft}/, specdec/prompts/embedded_heldout.jsonl and
 specdec/embedded/metrics.json (the numbers quoted in MODEL_CARD.md).
 """
@@ -13,7 +14,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 # On a shared CPU, OpenMP threads that spin while waiting for a descheduled sibling waste most of the time.
@@ -27,7 +28,9 @@ import specdec  # noqa: E402
 from experiments.common.harness import positive_int  # noqa: E402
 from experiments.common.refusal import ArgumentParser, check_writable  # noqa: E402
 from specdec.train.corpus import cut_prompts, fetch_corpus, read_austen, read_wiki, split_documents  # noqa: E402
-from specdec.train.losses import walk_trace  # noqa: E402
+from specdec.train.data import SampledRows, StreamWindows  # noqa: E402
+from specdec.train.loop import Batches, Checkpoints, Family, Settings, train  # noqa: E402
+from specdec.train.losses import distillation_loss, next_token_loss, walk_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EOS = "<|endoftext|>"
@@ -87,13 +90,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("target-steps", "draft-steps", "greedy-steps"):
         if getattr(args, name.replace("-", "_")) < 0:
             p.error(f"--{name} must be an integer >= 0, got {getattr(args, name.replace('-', '_'))}")
+    for stage in ("target", "draft"):
+        if getattr(args, f"{stage}_steps") == 0 and getattr(args, f"{stage}_minutes") is None:
+            p.error(f"--{stage}-steps 0 trains nothing: give it an integer >= 1, or --{stage}-minutes")
     p.check(*(lambda option=option, path=path: check_writable(option, path) for option, path in (
         ("--corpus-dir", args.corpus_dir), ("--checkpoint-dir", args.checkpoint_dir), ("--out-dir", args.out_dir),
         ("--prompts-out", args.prompts_out.parent))))
     return args
 
-
-# ---------------------------------------------------------------- corpus
 
 # ---------------------------------------------------------------- tokenizer
 
@@ -116,7 +120,7 @@ def encode_stream(tok: GPT2TokenizerFast, docs: list[str]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-# ---------------------------------------------------------------- models and training
+# ---------------------------------------------------------------- models and their training
 
 def make_model(tok: GPT2TokenizerFast, n_layer: int, n_embd: int, n_head: int, dropout: float) -> GPT2LMHeadModel:
     config = GPT2Config(vocab_size=len(tok), n_positions=1024, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
@@ -125,128 +129,38 @@ def make_model(tok: GPT2TokenizerFast, n_layer: int, n_embd: int, n_head: int, d
     return GPT2LMHeadModel(config)
 
 
-def sample_batch(stream: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
-    """Random windows of seq_len + 1 tokens (inputs and shifted labels)."""
-    starts = torch.randint(0, len(stream) - seq_len - 1, (batch_size,), generator=gen)
-    return torch.stack([stream[s:s + seq_len + 1] for s in starts.tolist()])  # [B, T+1]
+class StagePrinter:
+    """The loop's logger for a stage: a line every ten steps."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def log_step(self, values: dict, step: int) -> None:
+        if step % 10 == 0 and "loss" in values:
+            print(f"[{self.name}] step {step} loss {values['loss']:.3f} lr {values['lr']:.2e}", flush=True)
 
 
-Batches = Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+def train_stage(model: GPT2LMHeadModel, teacher: GPT2LMHeadModel | None, batches: Batches, args: argparse.Namespace,
+                name: str, steps: int, minutes: float | None, lr: float) -> dict:
+    """One stage through specdec's training loop: AdamW (weight decay 0.1 on matrices), the cosine schedule over
+    ``steps`` or, with ``minutes``, over that wall time (a busy shared machine gets fewer steps rather than an
+    unfinished schedule), bf16 autocast, gradients clipped at 1; with a teacher, ``distillation_loss`` (KL + CE),
+    else ``next_token_loss``.
 
-
-def text_batches(stream: torch.Tensor, args: argparse.Namespace) -> Batches:
-    """Random windows of the training stream; every position is trained."""
-    def draw(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = sample_batch(stream, args.batch_size, args.seq_len, gen)  # [B, T+1]
-        return batch, torch.ones_like(batch[:, 1:], dtype=torch.bool)  # [B, T+1], [B, T]
-    return draw
-
-
-def built_on_first_draw(build: Callable[[], Batches]) -> Batches:
-    """Batches that ``build()`` makes when the first batch is drawn: a stage whose finished checkpoint loads draws
-    none, so its (costly) data is never made."""
-    made: list[Batches] = []
-
-    def draw(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        if not made:
-            made.append(build())
-        return made[0](gen)
-    return draw
-
-
-def sequence_batches(sequences: torch.Tensor, trained: torch.Tensor, batch_size: int) -> Batches:
-    """Random rows of a fixed set of sequences [N, T+1]; ``trained`` [N, T] marks the positions that are trained."""
-    def draw(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.randint(0, len(sequences), (batch_size,), generator=gen)  # [B]
-        return sequences[rows], trained[rows]
-    return draw
-
-
-def cosine_lr(progress: float, peak: float, warmup: float = 0.05, floor: float = 0.1) -> float:
-    """Linear warm-up over the first `warmup` of training, then cosine decay to floor * peak; progress in [0, 1]."""
-    if progress < warmup:
-        return peak * max(progress, 0.01) / warmup
-    decay = (progress - warmup) / (1 - warmup)
-    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(decay, 1.0))))
-
-
-def train(model: GPT2LMHeadModel, batches: Batches, args: argparse.Namespace, steps: int, minutes: float | None,
-          lr: float, name: str, teacher: GPT2LMHeadModel | None = None) -> dict:
-    """AdamW + cosine schedule under bf16 autocast; with a teacher, distil from its logits (KL) plus CE.
-
-    ``batches(generator)`` gives token rows [B, T+1] and the label positions [B, T] that count in the loss.
-
-    With `minutes`, training runs for that wall time and the schedule follows elapsed time, so a busy shared
-    machine gets fewer steps rather than an unfinished schedule; the steps taken are reported.
-    Every `--checkpoint-minutes` the run is saved to `--checkpoint-dir/<name>.pt` (model, optimiser, data order,
-    dropout's random state, elapsed time); a rerun continues from there exactly, and a finished run is loaded
-    instead of retrained.
-    """
-    gen = torch.Generator().manual_seed(args.seed)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95))
-    checkpoint = args.checkpoint_dir / f"{name}.pt"
-    step, elapsed = 0, 0.0
-    if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
-        model.load_state_dict(state["model"])
-        if state["finished"]:
-            print(f"[{name}] finished run loaded from {checkpoint}", flush=True)
-            model.eval()
-            return state["run"]
-        opt.load_state_dict(state["optimizer"])
-        gen.set_state(state["generator"])
-        torch.set_rng_state(state["dropout_rng"])
-        step, elapsed = state["step"], state["elapsed"]
-        print(f"[{name}] continuing from {checkpoint}: step {step}, {elapsed / 60:.1f} min done", flush=True)
-
-    def save(finished: bool) -> None:
-        run = {"steps": step, "tokens": step * args.batch_size * args.seq_len, "seconds": round(elapsed)}
-        args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        partial = checkpoint.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "generator": gen.get_state(),
-                    "dropout_rng": torch.get_rng_state(),
-                    "step": step, "elapsed": elapsed, "finished": finished, "run": run}, partial)
-        partial.replace(checkpoint)  # a run cut off while saving keeps the previous checkpoint
-
-    model.train()
-    resumed_at = time.time() - elapsed
-    last_save = time.time()
-    while True:
-        elapsed = time.time() - resumed_at
-        progress = elapsed / (60 * minutes) if minutes else step / steps
-        if progress >= 1:
-            break
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(progress, lr)
-        batch, trained = batches(gen)  # [B, T+1], [B, T]
-        inputs, labels = batch[:, :-1], batch[:, 1:]  # [B, T]
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(inputs).logits.float()[trained]  # [n, V] at the n trained positions
-            ce = F.cross_entropy(logits, labels[trained])
-            loss = ce
-            if teacher is not None:
-                with torch.no_grad():
-                    teacher_logp = F.log_softmax(teacher(inputs).logits.float()[trained], dim=-1)  # [n, V]
-                kl = F.kl_div(F.log_softmax(logits, dim=-1), teacher_logp, log_target=True, reduction="batchmean")
-                loss = args.kl_weight * kl + (1 - args.kl_weight) * ce
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % 10 == 0:
-            print(f"[{name}] step {step} progress {progress:.3f} loss {loss.item():.3f} ce {ce.item():.3f} "
-                  f"lr {opt.param_groups[0]['lr']:.2e} {elapsed:.0f}s", flush=True)
-        step += 1
-        if time.time() - last_save > 60 * args.checkpoint_minutes:
-            elapsed = time.time() - resumed_at
-            save(finished=False)
-            last_save = time.time()
-    save(finished=True)
-    model.eval()
-    return {"steps": step, "tokens": step * args.batch_size * args.seq_len, "seconds": round(elapsed)}
+    Checkpoints go to ``--checkpoint-dir/<name>/`` every ``--checkpoint-minutes`` (model, optimiser, data order,
+    dropout's random state, elapsed time); a rerun continues from there exactly, and a finished stage is loaded
+    instead of retrained. Returns the steps, tokens and seconds the stage took."""
+    out = args.checkpoint_dir / name
+    done = Checkpoints(out / "checkpoint").steps()
+    if done:
+        print(f"[{name}] continuing from {out}: step {done[-1]} done", flush=True)
+    objective = next_token_loss if teacher is None else partial(distillation_loss, kl_weight=args.kl_weight)
+    settings = Settings(steps=steps, batch_size=args.batch_size, lr=lr, divergence="ce" if teacher is None else "kl",
+                        weight_decay=0.1, checkpoint_every=None, checkpoint_minutes=args.checkpoint_minutes,
+                        schedule_minutes=minutes, autocast=torch.bfloat16, seed=args.seed)
+    outcome = train(settings, Family("model", model, objective, ()), teacher, batches, out, logger=StagePrinter(name))
+    return {"steps": outcome.steps, "tokens": outcome.steps * args.batch_size * args.seq_len,
+            "seconds": round(outcome.seconds)}
 
 
 @torch.no_grad()
@@ -375,6 +289,30 @@ def n_params(model: GPT2LMHeadModel) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def train_models(args: argparse.Namespace, tok: GPT2TokenizerFast, train_docs: list[str], train_stream: torch.Tensor
+                 ) -> tuple[GPT2LMHeadModel, GPT2LMHeadModel, tuple[dict, dict, dict]]:
+    """The target pretrained on the text, saved in fp16 (and distilled from as rounded so); then the draft distilled
+    from it on the text, and on its greedy continuations; each stage through specdec's one training loop."""
+    target = make_model(tok, n_layer=8, n_embd=384, n_head=6, dropout=args.target_dropout)
+    target_run = train_stage(target, None, StreamWindows(train_stream, args.batch_size, args.seq_len, args.seed), args,
+                             "target", args.target_steps, args.target_minutes, args.target_lr)
+    save_fp16(target, args.out_dir / "target")
+    draft = make_model(tok, n_layer=args.draft_layers, n_embd=args.draft_width, n_head=args.draft_width // 64,
+                       dropout=0.0)
+    draft_run = train_stage(draft, target, StreamWindows(train_stream, args.batch_size, args.seq_len, args.seed),
+                            args, "draft", args.draft_steps, args.draft_minutes, args.draft_lr)
+    greedy_run = {"steps": 0, "tokens": 0, "seconds": 0}
+    if args.greedy_steps or args.greedy_minutes:
+        greedy_rows = SampledRows(lambda: greedy_training_set(target, tok, train_docs, args.greedy_prompts,
+                                                              args.greedy_new_tokens, args.seed),
+                                  args.batch_size, args.seed)
+        greedy_run = train_stage(draft, target, greedy_rows, args, "draft_greedy", args.greedy_steps,
+                                 args.greedy_minutes, args.greedy_lr)
+        greedy_run["tokens"] = greedy_run["steps"] * args.batch_size * args.greedy_new_tokens
+    save_fp16(draft, args.out_dir / "draft")
+    return target, draft, (target_run, draft_run, greedy_run)
+
+
 def main() -> None:
     args = parse_args()
     torch.manual_seed(args.seed)
@@ -391,23 +329,8 @@ def main() -> None:
     args.prompts_out.parent.mkdir(parents=True, exist_ok=True)
     args.prompts_out.write_text("".join(json.dumps(p) + "\n" for p in prompts))
 
-    target = make_model(tok, n_layer=8, n_embd=384, n_head=6, dropout=args.target_dropout)
-    target_run = train(target, text_batches(train_stream, args), args, args.target_steps, args.target_minutes,
-                       args.target_lr, "target")
-    save_fp16(target, args.out_dir / "target")
-    draft = make_model(tok, n_layer=args.draft_layers, n_embd=args.draft_width, n_head=args.draft_width // 64,
-                       dropout=0.0)
-    draft_run = train(draft, text_batches(train_stream, args), args, args.draft_steps, args.draft_minutes,
-                      args.draft_lr, "draft", teacher=target)
-    greedy_run = {"steps": 0, "tokens": 0, "seconds": 0}
-    if args.greedy_steps or args.greedy_minutes:
-        greedy_batches = built_on_first_draw(lambda: sequence_batches(
-            *greedy_training_set(target, tok, train_docs, args.greedy_prompts, args.greedy_new_tokens, args.seed),
-            args.batch_size))
-        greedy_run = train(draft, greedy_batches, args, args.greedy_steps, args.greedy_minutes, args.greedy_lr,
-                           "draft_greedy", teacher=target)
-        greedy_run["tokens"] = greedy_run["steps"] * args.batch_size * args.greedy_new_tokens
-    save_fp16(draft, args.out_dir / "draft")
+    target, draft, runs = train_models(args, tok, train_docs, train_stream)
+    target_run, draft_run, greedy_run = runs
 
     metrics = measure(args, tok, prompts, target, draft, target_run, draft_run, greedy_run, heldout_stream)
     metrics["corpus"] = {"wiki_docs": len(wiki), "austen_chapters": len(austen), "train_docs": len(train_docs),

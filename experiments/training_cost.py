@@ -44,7 +44,7 @@ from specdec import Clock
 from specdec.models import resolve_device, resolve_dtype
 from specdec.train.data import Sequences, target_hidden
 from specdec.train.loop import (Family, Ranks, Settings, TrainingData, build_family, frequent_tokens, make_batch,
-                                make_optimizer, training_step)
+                                make_optimizer, progress, training_step)
 from specdec.train.losses import DIVERGENCES, masked_mean
 
 DRAFTER_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "train" / "drafter"
@@ -178,7 +178,8 @@ def measure_vocabulary(vocab: int, args: argparse.Namespace, device: torch.devic
 
     def step(name: str, index: int) -> None:
         batch = make_batch(cached, rows, families[name], target, device)
-        training_step(index, families[name], target, batch, optimizers[name], settings, ranks, masked_mean)
+        training_step(index, progress(index, 0.0, settings), families[name], target, batch, optimizers[name],
+                      settings, ranks, masked_mean)
 
     def forward() -> None:
         with torch.no_grad():

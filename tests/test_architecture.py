@@ -464,7 +464,7 @@ ENTRY_POINTS = {"main", "parse_args"}  # one interface: every app's command line
 SHARED_ELSEWHERE = {
     "build", "check_device", "check_known_keys", "check_pair", "check_tokenizer", "compare", "encode", "names",
     "is_int", "is_number", "label", "left_padded", "measure", "one_line", "pooled", "predicted_speedup", "refuse",
-    "run", "special_ids", "title", "train", "unfinished_runs", "write_config", "write_report",
+    "run", "special_ids", "title", "unfinished_runs", "write_config", "write_report",
 }
 
 
@@ -480,6 +480,101 @@ def shared_function_names() -> dict[str, list[str]]:
 def test_no_two_modules_define_a_function_of_one_name_unless_it_is_one_interface():
     shared = shared_function_names()
     assert {name: where for name, where in shared.items() if name not in ENTRY_POINTS | SHARED_ELSEWHERE} == {}
+
+
+TRAINING_LOOP = REPO / "specdec" / "train" / "loop.py"
+
+
+def made_optimizers(tree: ast.AST) -> set[str]:
+    """The names the loop's ``make_optimizer`` results are bound to (``opt = ...``, ``opts[key] = ...``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                and called_name(node.value.func) == "make_optimizer":
+            for target in node.targets:
+                root = target.value if isinstance(target, ast.Subscript) else target
+                if isinstance(root, ast.Name):
+                    names.add(root.id)
+    return names
+
+
+def receiver_root(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def training_steps(source: str) -> list[str]:
+    """What could step an optimizer in ``source``, however it is spelled: torch.optim imported (whole, under another
+    name, from torch, or a name from it) or reached as an ``optim`` attribute of anything (``torch.optim``,
+    ``t.optim``, ``getattr(torch, "optim")``), a ``backward`` (of a loss or of ``torch.autograd``), a learning rate
+    set on ``param_groups``, and a ``.step()`` of an optimizer the loop's ``make_optimizer`` made (a bench may make
+    one and hand it to the loop's ``training_step``)."""
+    tree = ast.parse(source)
+    made = made_optimizers(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.split(".")[:2] == ["torch", "optim"]]
+        elif isinstance(node, ast.ImportFrom) and (
+                (node.module or "").split(".")[:2] == ["torch", "optim"]
+                or (node.module == "torch" and any(alias.name == "optim" for alias in node.names))):
+            found.append(ast.unparse(node))
+        elif isinstance(node, ast.Attribute) and node.attr in ("optim", "backward", "param_groups"):
+            found.append(ast.unparse(node))
+        elif isinstance(node, ast.Call) and called_name(node.func) == "getattr" and len(node.args) > 1 \
+                and isinstance(node.args[1], ast.Constant) and node.args[1].value in ("optim", "backward"):
+            found.append(ast.unparse(node))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step" \
+                and receiver_root(node.func.value) in made:
+            found.append(ast.unparse(node))
+    return found
+
+
+@pytest.mark.parametrize("source", [
+    "import torch\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nopt.step()",
+    "import torch as t\nt.optim.AdamW(params)",
+    "import torch.optim as o\no.Adam(params)",
+    "from torch import optim\noptim.Adam(params)",
+    "from torch.optim import AdamW\nAdamW(params)",
+    "from torch.optim.lr_scheduler import CosineAnnealingLR",
+    "import torch\nopt_module = getattr(torch, 'optim')",
+    "optimizer = make_optimizer(module, settings)\noptimizer.step()",
+    "optimizers = {}\noptimizers['eagle'] = make_optimizer(module, settings)\noptimizers['eagle'].step()",
+    "loss.backward()",
+    "import torch\ntorch.autograd.backward(loss)",
+    "for group in opt.param_groups:\n    group['lr'] = 0.1",
+])
+def test_the_training_step_check_sees_an_optimizer_however_it_is_spelled(source):
+    assert training_steps(source)
+
+
+def test_the_training_step_check_passes_the_loops_own_step_called_elsewhere():
+    assert training_steps("optimizers[name] = make_optimizer(module, settings)\n"
+                          "training_step(0, 0.0, family, target, batch, optimizers[name], settings, ranks, mean)") == []
+
+
+def test_one_training_loop_steps_an_optimizer():
+    """Every model specdec trains (the heads, the distilled drafts, the embedded pair's target and draft) is trained
+    by ``specdec.train.loop.train``: nothing else in the library, the apps or analysis touches torch.optim, steps an
+    optimizer, runs a backward pass or sets a learning rate; in the loop one optimizer constructor, one step (in
+    ``training_step``, which the loop and the training-cost bench call), after one backward pass."""
+    outside = {str(path.relative_to(REPO)): found for path in library_and_apps()
+               if path != TRAINING_LOOP and (found := training_steps(path.read_text(encoding="utf-8")))}
+    assert outside == {}
+    tree = ast.parse(TRAINING_LOOP.read_text(encoding="utf-8"))
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    optimizer_steps = [ast.unparse(call) for call in calls if isinstance(call.func, ast.Attribute)
+                       and call.func.attr == "step" and isinstance(call.func.value, ast.Name)
+                       and "optimizer" in call.func.value.id]
+    constructed = [ast.unparse(call) for call in calls if isinstance(call.func, ast.Attribute)
+                   and isinstance(call.func.value, ast.Attribute) and call.func.value.attr == "optim"]
+    backward = [ast.unparse(call) for call in calls if called_name(call.func) == "backward"]
+    stepping = [node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                and any(isinstance(call, ast.Call) and called_name(call.func) == "backward" for call in ast.walk(node))]
+    assert optimizer_steps == ["optimizer.step()"] and backward == ["loss.backward()"], (optimizer_steps, backward)
+    assert constructed == ["torch.optim.AdamW(groups, lr=settings.lr, betas=(0.9, 0.95))"]
+    assert stepping == ["training_step"]
 
 
 def test_no_file_of_the_apps_is_over_600_lines():

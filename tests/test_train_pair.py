@@ -1,14 +1,22 @@
-"""The embedded pair's training script: checkpoints continue an interrupted run exactly, and the model card's
-measures (distinct 2-grams, the table) are computed as documented. Tiny random data, no corpus download."""
+"""The embedded pair's training script, which trains through specdec's one training loop: a stage interrupted and
+rerun ends with the weights of an uninterrupted one (the target's, with dropout, and the draft's, with its teacher);
+the loop's loss with a teacher is the distillation loss computed by hand; its learning rates are the schedule the
+shipped pair was trained with; and the model card's measures (distinct 2-grams, the table) are computed as
+documented. Tiny random data, no corpus download."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 
 import pytest
 import torch
 
 from experiments import train_pair
+from specdec.train.data import SampledRows, StreamWindows
+from specdec.train.loop import Family, Settings, learning_rate, progress, train
+from specdec.train.losses import distillation_loss
 from tests.conftest import tiny_gpt2
 
 
@@ -17,35 +25,113 @@ def training_args(tmp_path) -> argparse.Namespace:
                               kl_weight=0.8)
 
 
-def trained(tmp_path, interrupt_at: int | None = None) -> tuple[torch.nn.Module, dict]:
-    """Six steps on a fixed random stream; with ``interrupt_at``, the batch of that step raises first."""
-    model = tiny_gpt2(seed=3).float().requires_grad_(True)
-    stream = torch.randint(0, 97, (400,), generator=torch.Generator().manual_seed(0))
-    args = training_args(tmp_path)
-    text_batches = train_pair.text_batches(stream, args)
+def stream() -> torch.Tensor:
+    return torch.randint(0, 97, (400,), generator=torch.Generator().manual_seed(0))
+
+
+def student() -> torch.nn.Module:
+    return tiny_gpt2(seed=3).float().requires_grad_(True)  # GPT-2's dropout 0.1: the RNG state matters on resume
+
+
+def trained(tmp_path, teacher: torch.nn.Module | None, interrupt_at: int | None = None) -> tuple[torch.nn.Module, dict]:
+    """Six steps on a fixed random stream, checkpointed after each; with ``interrupt_at``, the batch of that step
+    raises first."""
+    model, args = student(), training_args(tmp_path)
+    windows = StreamWindows(stream(), args.batch_size, args.seq_len, args.seed)
     drawn = {"batches": 0}
 
-    def interrupted(gen):
+    def interrupted(step):
         if drawn["batches"] == interrupt_at:
             raise KeyboardInterrupt
         drawn["batches"] += 1
-        return text_batches(gen)
+        return StreamWindows.draw(windows, step)
 
-    run = train_pair.train(model, interrupted, args, steps=6, minutes=None, lr=1e-2, name="m")
+    windows.draw = interrupted
+    run = train_pair.train_stage(model, teacher, windows, args, "m", steps=6, minutes=None, lr=1e-2)
     return model, run
 
 
-def test_an_interrupted_run_continues_to_the_same_weights(tmp_path):
-    uninterrupted, run = trained(tmp_path / "a")
+@pytest.mark.parametrize("stage", ["target", "distillation"])
+def test_an_interrupted_stage_continues_to_the_same_weights(tmp_path, stage):
+    teacher = tiny_gpt2(seed=5).float() if stage == "distillation" else None
+    uninterrupted, run = trained(tmp_path / "a", teacher)
     with pytest.raises(KeyboardInterrupt):
-        trained(tmp_path / "b", interrupt_at=4)
-    continued, continued_run = trained(tmp_path / "b")
+        trained(tmp_path / "b", teacher, interrupt_at=4)
+    continued, continued_run = trained(tmp_path / "b", teacher)
     assert continued_run["steps"] == run["steps"] == 6
+    assert not torch.equal(continued.lm_head.weight, student().lm_head.weight)  # it trained
     for (name, a), b in zip(uninterrupted.state_dict().items(), continued.state_dict().values()):
         assert torch.equal(a, b), name
-    reloaded, reloaded_run = trained(tmp_path / "b", interrupt_at=0)  # finished: loaded, no batch drawn
-    assert reloaded_run == continued_run and not reloaded.training
+    reloaded, reloaded_run = trained(tmp_path / "b", teacher, interrupt_at=0)  # finished: loaded, no batch drawn
+    assert reloaded_run["steps"] == 6 and not reloaded.training
     assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), continued.state_dict().values()))
+
+
+def test_the_loop_with_a_teacher_minimises_the_distillation_loss_computed_by_hand(tmp_path):
+    """The first step's loss, as the loop logs it: w KL(p || q) + (1 - w) CE over every position of the first
+    window, from the two models' float64 logits written out here (not through torch's losses)."""
+    draft, teacher = student(), tiny_gpt2(seed=5, init=0.3).float()  # a peaky teacher: KL far from 0
+    for module in draft.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0  # the loop trains in train mode: no dropout, so the forward is reproducible here
+    tokens = StreamWindows(stream(), 2, 8, seed=0).draw(0).tokens  # [2, 9] what the loop's first step draws
+    with torch.no_grad():
+        q = torch.log_softmax(draft.double()(tokens[:, :-1]).logits, -1).flatten(0, 1)  # [16, V]
+        p = torch.log_softmax(teacher.double()(tokens[:, :-1]).logits, -1).flatten(0, 1)
+    draft.float(), teacher.float()
+    labels = tokens[:, 1:].flatten()
+    kl = sum(sum(math.exp(a) * (a - b) for a, b in zip(p_row.tolist(), q_row.tolist()))
+             for p_row, q_row in zip(p, q)) / len(labels)
+    ce = -sum(q[i, label].item() for i, label in enumerate(labels.tolist())) / len(labels)
+    reverse = sum(sum(math.exp(b) * (b - a) for a, b in zip(p_row.tolist(), q_row.tolist()))
+                  for p_row, q_row in zip(p, q)) / len(labels)
+    settings = Settings(steps=1, batch_size=2, lr=1e-2, divergence="kl", checkpoint_every=1)
+    family = Family("model", draft, lambda *a, **k: distillation_loss(*a, **k, kl_weight=0.7), ())
+    train(settings, family, teacher, StreamWindows(stream(), 2, 8, seed=0), tmp_path)
+    logged = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[0])["loss"]
+    assert logged == pytest.approx(0.7 * kl + 0.3 * ce, rel=1e-5)
+    assert logged != pytest.approx(0.7 * reverse + 0.3 * ce, rel=1e-2)  # the wrong direction is told apart
+    assert logged != pytest.approx(0.3 * kl + 0.7 * ce, rel=1e-2)  # and the weights the wrong way round
+
+
+def shipped_schedule(progress: float, peak: float, warmup: float = 0.05, floor: float = 0.1) -> float:
+    """The schedule the shipped pair was trained with, as train_pair wrote it before it trained through the library
+    (``cosine_lr``, verbatim): the reference the one schedule must equal to the last bit."""
+    if progress < warmup:
+        return peak * max(progress, 0.01) / warmup
+    decay = (progress - warmup) / (1 - warmup)
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(decay, 1.0))))
+
+
+def test_the_loop_follows_the_schedule_the_shipped_pair_was_trained_with(tmp_path):
+    """Each step's learning rate, as the loop logs it, is the one schedule at the step's progress, and equals the
+    shipped pair's to the last bit (its warm-up's 1% floor included), so a step-based rerun reproduces it."""
+    args = training_args(tmp_path)
+    args.checkpoint_minutes = 5.0
+    train_pair.train_stage(student(), None, StreamWindows(stream(), 2, 8, seed=0), args, "m", steps=30, minutes=None,
+                           lr=3e-3)
+    rates = [json.loads(line)["lr"] for line in (tmp_path / "m" / "log.jsonl").read_text().splitlines()]
+    settings = Settings(steps=30, batch_size=2, lr=3e-3, divergence="ce", weight_decay=0.1)
+    assert rates == [learning_rate(progress(step, 0.0, settings), settings) for step in range(30)]
+    assert rates == [shipped_schedule(step / 30, 3e-3) for step in range(30)]
+    assert rates[0] == 3e-3 * 0.01 / 0.05 and max(rates) < 3e-3 and rates[-1] > 3e-4
+
+
+def test_a_stage_with_a_wall_time_follows_the_clock_and_reloads_when_finished(tmp_path):
+    """With minutes the schedule follows the wall time: the stage runs past its (ignored) step count until the time
+    is spent, its learning rate decaying as the clock goes; a rerun loads the finished stage without a step."""
+    args = training_args(tmp_path)
+    model = student()
+    run = train_pair.train_stage(model, None, StreamWindows(stream(), 2, 8, seed=0), args, "m", steps=1,
+                                 minutes=0.005, lr=1e-2)
+    lines = [json.loads(line) for line in (tmp_path / "m" / "log.jsonl").read_text().splitlines()]
+    assert run["steps"] == len(lines) > 1 and lines[-1]["seconds"] >= 0.3
+    assert lines[-1]["lr"] < lines[len(lines) // 2]["lr"] <= 1e-2
+    weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    rerun = train_pair.train_stage(model, None, StreamWindows(stream(), 2, 8, seed=0), args, "m", steps=1,
+                                   minutes=0.005, lr=1e-2)
+    assert rerun["steps"] == run["steps"]
+    assert all(torch.equal(weights[name], tensor) for name, tensor in model.state_dict().items())
 
 
 class DigitTokenizer:
@@ -91,12 +177,12 @@ def test_only_the_marked_positions_are_trained(tmp_path):
     only_position_3[0, 3] = True
 
     def weights_after_training(sequences, trained, run):
-        model = tiny_gpt2(seed=3).float().requires_grad_(True)
-        train_pair.train(model, train_pair.sequence_batches(sequences, trained, 1), training_args(tmp_path / run),
-                         steps=2, minutes=None, lr=1e-2, name="m")
+        model = student()
+        train_pair.train_stage(model, None, SampledRows(lambda: (sequences, trained), 1, seed=0),
+                               training_args(tmp_path / run), "m", steps=2, minutes=None, lr=1e-2)
         return model.lm_head.weight.detach()
 
-    untouched = tiny_gpt2(seed=3).float().lm_head.weight
+    untouched = student().lm_head.weight
     masked = weights_after_training(rows, only_position_3, "a")
     assert not torch.equal(masked, untouched)
     assert torch.equal(masked, weights_after_training(changed, only_position_3, "b"))
@@ -107,18 +193,18 @@ def test_only_the_marked_positions_are_trained(tmp_path):
 def test_a_finished_stage_never_builds_its_data(tmp_path):
     """The greedy set takes minutes to generate: built on the first draw, so a finished checkpoint skips it."""
     builds = []
-    stream = torch.randint(0, 97, (400,), generator=torch.Generator().manual_seed(0))
+    rows = torch.randint(1, 97, (4, 9), generator=torch.Generator().manual_seed(2))
 
     def build():
         builds.append(1)
-        return train_pair.text_batches(stream, training_args(tmp_path))
+        return rows, torch.ones(4, 8, dtype=torch.bool)
 
-    model = tiny_gpt2(seed=3).float().requires_grad_(True)
-    run = train_pair.train(model, train_pair.built_on_first_draw(build), training_args(tmp_path), steps=3,
-                           minutes=None, lr=1e-2, name="m")
+    model = student()
+    run = train_pair.train_stage(model, None, SampledRows(build, 2, seed=0), training_args(tmp_path), "m", steps=3,
+                                 minutes=None, lr=1e-2)
     assert run["steps"] == 3 and builds == [1]  # built once, for the first of three draws
-    train_pair.train(model, train_pair.built_on_first_draw(build), training_args(tmp_path), steps=3, minutes=None,
-                     lr=1e-2, name="m")
+    train_pair.train_stage(model, None, SampledRows(build, 2, seed=0), training_args(tmp_path), "m", steps=3,
+                           minutes=None, lr=1e-2)
     assert builds == [1]  # the finished checkpoint loaded: nothing drawn, nothing built
 
 

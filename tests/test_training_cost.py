@@ -21,9 +21,9 @@ def test_every_family_runs_the_real_training_step_and_the_ratios_are_of_the_meas
     ran = []
     real_step = training_cost.training_step
 
-    def recorded(step, family, target, batch, optimizer, settings, ranks, mean):
+    def recorded(step, done, family, target, batch, optimizer, settings, ranks, mean):
         before = [p.detach().clone() for p in family.module.parameters() if p.requires_grad]
-        loss = real_step(step, family, target, batch, optimizer, settings, ranks, mean)
+        loss = real_step(step, done, family, target, batch, optimizer, settings, ranks, mean)
         after = [p for p in family.module.parameters() if p.requires_grad]
         moved = any(not torch.equal(a, b) for a, b in zip(after, before))
         reduced = getattr(family.module, "reduced", False)

@@ -16,6 +16,10 @@ once as shards, and the target's hidden states over it, cached on disk or comput
   ``choose_hidden`` says whether caching is cheaper than recomputing them per batch, and why.
 - ``heldout_set``: held-out prompts (cut from held-out documents as the embedded pair's prompt set was) and the
   target's greedy continuations of them, the data simulated acceptance is measured on.
+- ``Batches``: where the loop's batches come from, and the state a checkpoint keeps of them. ``StreamWindows`` and
+  ``SampledRows`` are the embedded pair's (random windows of its text, random rows of the target's greedy
+  continuations), drawn with one generator whose state is that; ``specdec.train.loop.SequenceBatches`` the
+  drafters' (fixed sequences, an order the step alone decides).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -34,6 +39,7 @@ from specdec.api import generate
 from specdec.checkpoints import target_identity
 from specdec.train.corpus import Corpus, check_corpus, heldout_prompts, read_corpus
 from specdec.train.files import DamagedFile, load_tensors, save_tensors
+from specdec.train.losses import TrainingBatch
 
 HIDDEN_MODES = ("auto", "cache", "recompute")
 DATA_FORMAT = 3  # in data directory names: 3, written by specdec's loop; 2, by transformers' generate; 1, EOS suppressed
@@ -406,3 +412,71 @@ def heldout_set(directory: Path, prompts: list[str], tokenizer, target: nn.Modul
     sequences = continuations(target, openings, new_tokens, 0.0, width, 0, pad_id or 0)
     save_tensors({"tokens": sequences.tokens.int(), "counts": sequences.counts.to(torch.uint8)}, path)
     return sequences
+
+
+# Batches -----------------------------------------------------------------------------------------------------------
+
+class Batches(Protocol):
+    """Where the loop's batches come from: ``draw(step)`` is step ``step``'s batch (this rank's share), and
+    ``state()`` what a checkpoint keeps so that a resumed run draws the batches an uninterrupted one would
+    (``restore(state)`` puts it back)."""
+
+    def draw(self, step: int) -> TrainingBatch: ...
+
+    def state(self) -> dict: ...
+
+    def restore(self, state: dict) -> None: ...
+
+
+class DrawnBatches(Batches):
+    """Batches drawn with one generator seeded once, the embedded pair's data order; the generator's state is what a
+    checkpoint keeps. ``rows(generator)`` draws [B, T+1] tokens and the [B, T] positions whose next token is
+    trained on."""
+
+    def __init__(self, seed: int):
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def draw(self, step: int) -> TrainingBatch:
+        tokens, trained = self.rows(self.generator)  # [B, T+1], [B, T]
+        counts = torch.cat([trained, torch.zeros_like(trained[:, :1])], 1)  # [B, T+1]: the last token has no label
+        return TrainingBatch(tokens, None, counts)
+
+    def rows(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def state(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def restore(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+
+class StreamWindows(DrawnBatches):
+    """Random windows of ``seq_len`` + 1 tokens of a token stream; every position is trained (the pair's text)."""
+
+    def __init__(self, stream: torch.Tensor, batch_size: int, seq_len: int, seed: int):
+        super().__init__(seed)
+        self.stream, self.batch_size, self.seq_len = stream, batch_size, seq_len
+
+    def rows(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = torch.randint(0, len(self.stream) - self.seq_len - 1, (self.batch_size,), generator=generator)
+        batch = torch.stack([self.stream[s:s + self.seq_len + 1] for s in starts.tolist()])  # [B, T+1]
+        return batch, torch.ones_like(batch[:, 1:], dtype=torch.bool)
+
+
+class SampledRows(DrawnBatches):
+    """Random rows, drawn with replacement, of fixed sequences [N, T+1] and the [N, T] positions trained (the pair's
+    greedy continuations). ``make()`` gives them on the first draw: a finished stage draws none, so its costly
+    data is never made."""
+
+    def __init__(self, make: Callable[[], tuple[torch.Tensor, torch.Tensor]], batch_size: int, seed: int):
+        super().__init__(seed)
+        self.make, self.batch_size = make, batch_size
+        self.made: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def rows(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.made is None:
+            self.made = self.make()
+        sequences, trained = self.made
+        picked = torch.randint(0, len(sequences), (self.batch_size,), generator=generator)  # [B]
+        return sequences[picked], trained[picked]

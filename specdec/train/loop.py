@@ -1,13 +1,17 @@
-"""Training a drafter against its target: the three families, the loop, checkpoints that survive kill -9, and data
-parallelism over ranks (torchrun).
+"""The one training loop: drafters against their target (the three families) and the embedded pair's own models
+(its target pretrained on text, its draft distilled), checkpoints that survive kill -9, and data parallelism over
+ranks (torchrun).
 
 - ``Family``: what is trained (an EAGLE head, Medusa heads, or the pair's draft model, always in fp32), its loss
   (a ``specdec.train.losses`` function) and the target's hidden states its batches carry; ``Family.save`` writes the
   checkpoint directory the library loads (``specdec.checkpoints``).
-- ``train`` runs the loop: a batch order fixed by the seed and the step alone (so a resumed run draws the batches
-  an uninterrupted one would), AdamW with warm-up and cosine decay, the simulated acceptance length on held-out
-  data every ``eval_every`` steps (the best one kept in ``drafter/``), a checkpoint of everything the next step
-  needs (weights, optimizer, RNG, the best weights) every ``checkpoint_every`` steps, written beside and renamed.
+- ``train`` runs the loop, the only optimizer step: batches from a ``Batches`` source (``SequenceBatches``: an
+  order fixed by the seed and the step alone; the pair's sources in ``specdec.train.data`` draw from a generator
+  whose state the checkpoint keeps), so a resumed run draws the batches an uninterrupted one would; AdamW with the
+  one schedule (``learning_rate``: warm-up, then cosine decay, over steps or over wall time); the simulated
+  acceptance length on held-out data every ``eval_every`` steps (the best one kept in ``drafter/``), where there is
+  held-out data; a checkpoint of everything the next step needs (weights, optimizer, RNG, batch order, the best
+  weights) every ``checkpoint_every`` steps or ``checkpoint_minutes``, written beside and renamed.
 - Data parallelism: each rank takes its slice of the global batch; every loss is a mean over the global batch's
   counted positions (``global_mean``), so gradients summed over ranks (one all-reduce of one flat buffer) are one
   process's gradients on that batch. The heads run through their lean forward rather than ``module.forward``, which
@@ -37,7 +41,7 @@ from torch import nn
 from specdec.checkpoints import save_draft_model, save_drafter
 from specdec.heads import EagleHead, MedusaHeads
 from specdec.results import json_ready
-from specdec.train.data import Sequences, target_hidden
+from specdec.train.data import Batches, Sequences, target_hidden
 from specdec.train.files import replace_bytes, save_state
 from specdec.train.losses import TrainingBatch, draft_matches, masked_mean, simulated_acceptance, walked_acceptance
 from specdec.types import StateRequest
@@ -139,13 +143,14 @@ def summed(value: float, ranks: Ranks) -> float:
     return float(total)
 
 
-def agreed(flag: bool, ranks: Ranks) -> bool:
-    """Rank 0's ``flag``, on every rank (a time budget ends every rank at the same step)."""
+def from_main(value: float, ranks: Ranks) -> float:
+    """Rank 0's ``value``, on every rank: a time budget ends every rank at the same step, and a schedule that
+    follows wall time gives every rank one learning rate."""
     if ranks.world == 1:
-        return flag
-    value = torch.tensor(int(flag))
-    dist.broadcast(value, 0)
-    return bool(value)
+        return value
+    shared = torch.tensor(float(value), dtype=torch.float64)
+    dist.broadcast(shared, 0)
+    return float(shared)
 
 
 # Families ----------------------------------------------------------------------------------------------------------
@@ -262,11 +267,34 @@ def rank_slice(rows: torch.Tensor, ranks: Ranks) -> torch.Tensor:
     return rows[ranks.rank * share:(ranks.rank + 1) * share]
 
 
+@dataclass
+class SequenceBatches(Batches):
+    """Batches of fixed sequences (``TrainingData``) in ``batch_rows``' order, which the step alone decides (no
+    state to keep), with the target's hidden states the family reads."""
+
+    data: TrainingData
+    family: Family
+    target: nn.Module
+    settings: Settings  # its batch_size (the global batch) and seed
+    ranks: Ranks = Ranks()
+
+    def draw(self, step: int) -> TrainingBatch:
+        rows = batch_rows(step, self.settings.batch_size, len(self.data.sequences), self.settings.seed)
+        rows = rank_slice(rows, self.ranks)
+        return make_batch(self.data, rows, self.family, self.target, next(self.target.parameters()).device)
+
+    def state(self) -> dict:
+        return {}
+
+    def restore(self, state: dict) -> None:
+        pass
+
+
 # Settings and state ------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Settings:
-    """The loop's settings (the training config's top-level keys)."""
+    """The loop's settings (the training config's top-level keys; the embedded pair's script sets its own)."""
 
     steps: int
     batch_size: int
@@ -277,22 +305,36 @@ class Settings:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     eval_every: int = 100
-    checkpoint_every: int = 100
+    checkpoint_every: int | None = 100  # steps between checkpoints; None: by checkpoint_minutes alone
+    checkpoint_minutes: float | None = None  # also a checkpoint once this much wall time passed since the last
     k: int = 4
     eval_batch_size: int = 16
+    schedule_minutes: float | None = None  # train for this wall time, the schedule following it; None: ``steps``
     max_minutes: float | None = None
     wall_deadline: float | None = None  # time.time() past which training stops (max_wall_minutes); None: never
+    autocast: torch.dtype | None = None  # the forward's autocast dtype; None: the target's, where it is half precision
     seed: int = 0
     save_dtype: torch.dtype = torch.float32
 
 
-def learning_rate(step: int, settings: Settings) -> float:
-    """Linear warm-up over ``warmup`` of the steps, then cosine decay to ``min_lr`` times the peak."""
-    progress = step / settings.steps
-    if progress < settings.warmup:
-        return settings.lr * (step + 1) / max(settings.warmup * settings.steps, 1)
-    decay = (progress - settings.warmup) / max(1 - settings.warmup, 1e-9)
-    return settings.lr * (settings.min_lr + (1 - settings.min_lr) * 0.5 * (1 + math.cos(math.pi * decay)))
+WARMUP_START = 0.01  # the warm-up's first steps count as this much progress: a step at lr 0 would do nothing
+
+
+def progress(step: int, seconds: float, settings: Settings) -> float:
+    """How far training is, from 0 to 1: the wall time over ``schedule_minutes`` where it is set (a busy machine
+    takes fewer steps rather than leaving the schedule unfinished), else the steps done over ``steps``."""
+    if settings.schedule_minutes is not None:
+        return seconds / (60 * settings.schedule_minutes)
+    return step / settings.steps
+
+
+def learning_rate(done: float, settings: Settings) -> float:
+    """The one schedule, at progress ``done`` in [0, 1]: a linear warm-up over the first ``warmup`` of training
+    (from ``WARMUP_START``), then cosine decay to ``min_lr`` times the peak ``lr``."""
+    if done < settings.warmup:
+        return settings.lr * max(done, min(WARMUP_START, settings.warmup)) / settings.warmup
+    decay = (done - settings.warmup) / (1 - settings.warmup)
+    return settings.lr * (settings.min_lr + (1 - settings.min_lr) * 0.5 * (1 + math.cos(math.pi * min(decay, 1.0))))
 
 
 def make_optimizer(module: nn.Module, settings: Settings) -> torch.optim.Optimizer:
@@ -301,6 +343,14 @@ def make_optimizer(module: nn.Module, settings: Settings) -> torch.optim.Optimiz
     groups = [{"params": [p for p in parameters if p.ndim >= 2], "weight_decay": settings.weight_decay},
               {"params": [p for p in parameters if p.ndim < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=settings.lr, betas=(0.9, 0.95))
+
+
+def forward_precision(settings: Settings, target: nn.Module | None, device: torch.device):
+    """The autocast the loss is computed under: ``settings.autocast`` where set, else the target's half precision
+    (``autocast_for``); the trained module stays fp32."""
+    if settings.autocast is not None:
+        return torch.autocast(device.type, dtype=settings.autocast)
+    return autocast_for(target) if target is not None else nullcontext()
 
 
 @dataclass
@@ -324,14 +374,14 @@ class Checkpoints:
             return []
         return sorted(int(match[1]) for path in self.directory.iterdir() if (match := STATE.fullmatch(path.name)))
 
-    def latest(self, last_step: int) -> dict | None:
-        """The newest checkpoint, read whole; a file that cannot be this run's is a ``TrainingStopped`` line naming
-        it and what to do."""
+    def latest(self, last_step: int | None) -> dict | None:
+        """The newest checkpoint, read whole; a file that cannot be this run's (beyond its ``last_step``, where
+        the run has a number of steps) is a ``TrainingStopped`` line naming it and what to do."""
         steps = self.steps()
         if not steps:
             return None
         path = self.directory / f"state-{steps[-1]:09d}.pt"
-        if steps[-1] > last_step:
+        if last_step is not None and steps[-1] > last_step:
             raise TrainingStopped(f"{path} is beyond this run's {last_step} steps, so not this run's checkpoint: "
                                   f"delete it, or resume the run it belongs to")
         try:
@@ -482,87 +532,112 @@ def plot_tau(lines: list[dict], path: Path) -> None:
 @dataclass
 class Outcome:
     steps: int  # steps done
-    finished: bool  # all the steps (else stopped by max_minutes)
+    finished: bool  # the schedule's end (else stopped by max_minutes or wall_deadline)
     seconds: float  # training wall time, over every resumed part
     best: Best
 
 
-def train(settings: Settings, family: Family, target: nn.Module, data: TrainingData, heldout: list[TrainingBatch],
-          out: Path, ranks: Ranks, logger, training_info: dict, progress=None) -> Outcome:
-    """Train ``family`` from the last checkpoint in ``out`` (or from the start), keeping the best drafter by
-    simulated tau in ``out/drafter``."""
-    device = next(target.parameters()).device
-    module = family.module.to(device)
+def train(settings: Settings, family: Family, target: nn.Module | None, batches: Batches, out: Path, *,
+          heldout: list[TrainingBatch] | None = None, ranks: Ranks = Ranks(), logger=None,
+          training_info: dict | None = None, progress_of=None) -> Outcome:
+    """Train ``family`` against ``target`` (its teacher; None where the module learns from the text alone) from the
+    last checkpoint in ``out/checkpoint`` (or from the start), on ``batches``.
+
+    With ``heldout`` (rank 0's; the other ranks pass []), the drafter's simulated tau is measured every
+    ``eval_every`` steps and the best weights are kept in ``out/drafter``; without it (None) the module's final
+    weights are the result. The module is left in eval mode."""
+    device = next((target if target is not None else family.module).parameters()).device
+    module = family.module.to(device).train()
     optimizer = make_optimizer(module, settings)
     checkpoints = Checkpoints(out / "checkpoint")
-    state = checkpoints.latest(settings.steps)
+    state = checkpoints.latest(settings.steps if settings.schedule_minutes is None else None)
     best, start, seconds = Best(), 0, 0.0
     if state is not None:
-        resume_from(state, module, optimizer, checkpoints.directory)
+        resume_from(state, module, optimizer, batches, checkpoints.directory)
         best, start, seconds = Best(**state["best"]), state["step"], state["seconds"]
     broadcast_module(module, ranks)
+    if ranks.main:
+        out.mkdir(parents=True, exist_ok=True)
     log = TrainingLog(out / "log.jsonl", start) if ranks.main else None
-    if ranks.main and best.weights is not None:  # the best drafter, as the checkpoint knew it
-        save_best(family, best, target, out, training_info, settings)
+    if ranks.main and heldout is not None and best.weights is not None:  # the best drafter, as the checkpoint knew it
+        save_best(family, best, target, out, training_info or {}, settings)
     mean = global_mean(ranks)
     recent: deque[float] = deque(maxlen=20)
     began = time.perf_counter() - seconds
+    saved_at = time.perf_counter()
     step = start
+    finished = from_main(progress(step, seconds, settings), ranks) >= 1
     stopped = False
-    while step < settings.steps and not stopped:
-        rows = rank_slice(batch_rows(step, settings.batch_size, len(data.sequences), settings.seed), ranks)
-        batch = make_batch(data, rows, family, target, device)
-        value = training_step(step, family, target, batch, optimizer, settings, ranks, mean)
+    while not (finished or stopped):
+        done = from_main(progress(step, time.perf_counter() - began, settings), ranks)
+        value = training_step(step, done, family, target, batches.draw(step), optimizer, settings, ranks, mean)
         step += 1
         recent.append(value)
         seconds = time.perf_counter() - began
+        rate = optimizer.param_groups[0]["lr"]
         if log is not None:
-            log.write({"step": step, "loss": value, "lr": optimizer.param_groups[0]["lr"], "seconds": round(seconds, 3)})
-        logger.log_step({"loss": value, "lr": optimizer.param_groups[0]["lr"]}, step)
-        stopped = agreed((settings.max_minutes is not None and seconds >= 60 * settings.max_minutes)
-                         or (settings.wall_deadline is not None and time.time() >= settings.wall_deadline), ranks)
-        last = step == settings.steps or stopped
-        if (step % settings.eval_every == 0 or step % settings.checkpoint_every == 0 or last) \
-                and not finite_weights(module):
+            log.write({"step": step, "loss": value, "lr": rate, "seconds": round(seconds, 3)})
+        if logger is not None:
+            logger.log_step({"loss": value, "lr": rate}, step)
+        finished = from_main(progress(step, seconds, settings), ranks) >= 1
+        stopped = bool(from_main((settings.max_minutes is not None and seconds >= 60 * settings.max_minutes)
+                                 or (settings.wall_deadline is not None and time.time() >= settings.wall_deadline),
+                                 ranks))
+        last = finished or stopped
+        evaluating = heldout is not None and (step % settings.eval_every == 0 or last)
+        saving = last or (settings.checkpoint_every is not None and step % settings.checkpoint_every == 0) or bool(
+            from_main(settings.checkpoint_minutes is not None
+                      and time.perf_counter() - saved_at >= 60 * settings.checkpoint_minutes, ranks))
+        if (evaluating or saving) and not finite_weights(module):
             raise TrainingStopped(f"the weights hold non-finite values after step {step} (lower lr, keep grad_clip "
                                   f"> 0); they were not written: the last checkpoint and drafter/ are as they were")
-        if ranks.main and (step % settings.eval_every == 0 or last):
-            found = evaluate(family, target, heldout, settings.k)
-            log.write({"step": step, "tau": found.tau, "per_position": found.per_position,
-                       "walked_tau": found.walked_tau})
-            logger.log_step({"tau": found.tau, "walked_tau": found.walked_tau,
-                             **{f"a_{i}": a for i, a in enumerate(found.per_position, 1)}}, step)
-            if math.isfinite(found.tau) and found.tau > best.tau:
-                best = Best(found.tau, step, found.per_position, {name: tensor.detach().clone().cpu()
-                                                                   for name, tensor in module.state_dict().items()},
-                            found.walked_tau)
-                save_best(family, best, target, out, training_info, settings)
-            plot_tau(log.lines(), out / "tau.png")
-        if step % settings.checkpoint_every == 0 or last:
+        if ranks.main and evaluating:
+            best = measure_best(family, target, heldout, settings, step, best, log, logger, out, training_info or {})
+        if saving:
             if ranks.main:
                 log.sync()
                 checkpoints.save({"step": step, "module": module.state_dict(), "optimizer": optimizer.state_dict(),
-                                  "rng": torch.get_rng_state(), "best": best.__dict__, "seconds": seconds})
+                                  "rng": torch.get_rng_state(), "best": best.__dict__, "seconds": seconds,
+                                  "batches": batches.state()})
+            saved_at = time.perf_counter()
             barrier(ranks)
-        if progress is not None:
-            progress(step, sum(recent) / len(recent), best)
+        if progress_of is not None:
+            progress_of(step, sum(recent) / len(recent), best)
     check_ranks_agree(module, ranks)
+    module.eval()
     if log is not None:
         log.close()
-    if ranks.main and best.step is None:  # rank 0 evaluates
+    if ranks.main and heldout is not None and best.step is None:  # rank 0 evaluates
         raise TrainingStopped(f"no evaluation measured a finite tau in {step} steps (heldout.k={settings.k} needs "
                               f"held-out continuations longer than k), so no drafter was written")
-    return Outcome(step, step >= settings.steps, seconds, best)
+    return Outcome(step, finished, seconds, best)
 
 
-def training_step(step: int, family: Family, target: nn.Module, batch: TrainingBatch,
+def measure_best(family: Family, target: nn.Module, heldout: list[TrainingBatch], settings: Settings, step: int,
+                 best: Best, log: TrainingLog, logger, out: Path, training_info: dict) -> Best:
+    """Evaluate the drafter on the held-out batches, log it, and keep (in ``out/drafter``) the best so far."""
+    found = evaluate(family, target, heldout, settings.k)
+    log.write({"step": step, "tau": found.tau, "per_position": found.per_position, "walked_tau": found.walked_tau})
+    if logger is not None:
+        logger.log_step({"tau": found.tau, "walked_tau": found.walked_tau,
+                         **{f"a_{i}": a for i, a in enumerate(found.per_position, 1)}}, step)
+    if math.isfinite(found.tau) and found.tau > best.tau:
+        best = Best(found.tau, step, found.per_position, {name: tensor.detach().clone().cpu()
+                                                           for name, tensor in family.module.state_dict().items()},
+                    found.walked_tau)
+        save_best(family, best, target, out, training_info, settings)
+    plot_tau(log.lines(), out / "tau.png")
+    return best
+
+
+def training_step(step: int, done: float, family: Family, target: nn.Module | None, batch: TrainingBatch,
                   optimizer: torch.optim.Optimizer, settings: Settings, ranks: Ranks, mean) -> float:
-    """Optimizer step ``step`` (from 0) on ``batch``: the family's loss (under autocast where the target is in half
-    precision), its gradients summed over ranks and clipped, AdamW at the step's learning rate. Returns the loss,
-    summed over ranks; a non-finite one stops training before anything is changed."""
+    """Optimizer step ``step`` (from 0) on ``batch``, at progress ``done`` of the schedule: the family's loss (under
+    ``forward_precision``), its gradients summed over ranks and clipped, AdamW at the schedule's learning rate.
+    Returns the loss, summed over ranks; a non-finite one stops training before anything is changed."""
     for group in optimizer.param_groups:
-        group["lr"] = learning_rate(step, settings)
-    with autocast_for(target):
+        group["lr"] = learning_rate(done, settings)
+    with forward_precision(settings, target, next(family.module.parameters()).device):
         loss = family.loss(target, batch, settings.divergence, mean)
     value = summed(float(loss.detach()), ranks)
     if not math.isfinite(value):
@@ -579,13 +654,15 @@ def training_step(step: int, family: Family, target: nn.Module, batch: TrainingB
     return value
 
 
-def resume_from(state: dict, module: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
-    """Load a checkpoint's module, optimizer and RNG; one that belongs to another drafter is named."""
+def resume_from(state: dict, module: nn.Module, optimizer: torch.optim.Optimizer, batches: Batches,
+                directory: Path) -> None:
+    """Load a checkpoint's module, optimizer, RNG and batch order; one that belongs to another drafter is named."""
     path = directory / f"state-{state['step']:09d}.pt"
     try:
         module.load_state_dict(state["module"])
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
+        batches.restore(state.get("batches", {}))  # checkpoints of sequence batches written before it was kept
     except (RuntimeError, ValueError, KeyError, TypeError) as err:
         raise TrainingStopped(f"{path} is another drafter's checkpoint ({one_line(err)[:200]}): delete {directory} to "
                               f"start over, or resume the run it belongs to") from None

@@ -11,11 +11,14 @@ target scored (``TrainingBatch``: tokens, the target's hidden states, which posi
   features pass j - 1 predicted, attending the real prefix and the earlier passes' slots as drafting does (EAGLE-3's
   training-time test);
 - ``medusa_loss``: head i against p at i + 1 positions ahead;
+- ``draft_loss``: a draft model's divergence at every position;
+- ``next_token_loss`` and ``distillation_loss``: how the embedded pair's models are trained (its target from text
+  alone; its draft toward the target run as a teacher, w KL(p || q) + (1 - w) CE), with torch's own reductions over
+  the batch, exactly as the shipped pair was trained, so they are for a single process.
 
 A head with a reduced draft vocabulary (either kind) is scored over that vocabulary only and compared with p
 restricted to it and renormalised, at the positions whose target choice lies inside it (``next_token_targets``,
 EAGLE-3's rule: q is 0 outside, so every divergence but tv would be infinite there).
-- ``draft_loss``: a draft model's divergence at every position.
 
 Each loss averages over the positions that count with ``mean(values, mask)`` (default ``masked_mean``, this batch's
 mean); data-parallel training passes a mean over the whole global batch instead, so that gradients summed over
@@ -47,7 +50,8 @@ class TrainingBatch:
     """Sequences the target scored, right-padded."""
 
     tokens: torch.Tensor  # [B, T] long
-    last: torch.Tensor  # [B, T, D] the target's last hidden state (its LM head's input): p of token t + 1 at t
+    last: torch.Tensor | None  # [B, T, D] the target's last hidden state (its LM head's input): p of token t + 1
+    # at t; None in the embedded pair's batches, whose losses run their teacher (if any) themselves
     counts: torch.Tensor  # [B, T] bool: position t's next token is trained on (the continuation, not padding)
     hidden: torch.Tensor | None = None  # [B, T, H, D] the target's hidden states at the layers an EAGLE head reads
 
@@ -181,6 +185,48 @@ def draft_loss(draft: nn.Module, target: nn.Module, batch: TrainingBatch, loss: 
     logits = draft(batch.tokens).logits  # [B, T, V]
     term = divergence(loss, logits, target_logits(target, batch.last), torch.roll(batch.tokens, -1, 1))
     return mean(term, batch.counts)
+
+
+def counted_logits(model: nn.Module, batch: TrainingBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The model's fp32 logits at the counted positions: [n, V]; with the ``batch.tokens`` [B, T] it reads (all but
+    the last, whose next token is unknown) and [B, T - 1] where it counts."""
+    inputs, counted = batch.tokens[:, :-1], batch.counts[:, :-1]  # [B, T-1], [B, T-1]
+    return model(inputs).logits.float()[counted], inputs, counted  # [n, V]
+
+
+def single_process(mean: Mean | None, name: str) -> None:
+    if mean not in (None, masked_mean):
+        raise ValueError(f"{name} reduces over this process's batch (torch's own mean, as the embedded pair was "
+                         f"trained): run it in a single process")
+
+
+def next_token_loss(model: nn.Module, teacher: None, batch: TrainingBatch, loss: str = "ce",
+                    mean: Mean | None = None) -> torch.Tensor:
+    """Pretraining from text (the embedded pair's target): the mean cross-entropy of each counted next token."""
+    if loss != "ce" or teacher is not None:
+        raise ValueError(f"next_token_loss is the cross-entropy of the text (loss 'ce', no teacher), got loss "
+                         f"{loss!r} and a {type(teacher).__name__} teacher")
+    single_process(mean, "next_token_loss")
+    logits, _, counted = counted_logits(model, batch)
+    return F.cross_entropy(logits, batch.tokens[:, 1:][counted])
+
+
+def distillation_loss(draft: nn.Module, teacher: nn.Module, batch: TrainingBatch, loss: str = "kl",
+                      mean: Mean | None = None, kl_weight: float = 0.8) -> torch.Tensor:
+    """The embedded pair's distillation: ``kl_weight`` KL(p || q) + (1 - ``kl_weight``) CE at the counted positions,
+    p from the teacher run on the batch now (under the loop's autocast), q the draft's; KL averaged over positions
+    (``batchmean``), CE the mean cross-entropy of the batch's next tokens."""
+    if loss != "kl":
+        raise ValueError(f"distillation_loss mixes KL(p || q) with the cross-entropy (loss 'kl'), got {loss!r}")
+    if not 0 <= kl_weight <= 1:
+        raise ValueError(f"kl_weight must be in [0, 1], got {kl_weight!r}")
+    single_process(mean, "distillation_loss")
+    logits, inputs, counted = counted_logits(draft, batch)  # [n, V]
+    ce = F.cross_entropy(logits, batch.tokens[:, 1:][counted])
+    with torch.no_grad():
+        teacher_logp = F.log_softmax(teacher(inputs).logits.float()[counted], dim=-1)  # [n, V]
+    kl = F.kl_div(F.log_softmax(logits, dim=-1), teacher_logp, log_target=True, reduction="batchmean")
+    return kl_weight * kl + (1 - kl_weight) * ce
 
 
 def shifted_counts(counts: torch.Tensor, ahead: int, prefix: int) -> torch.Tensor:
