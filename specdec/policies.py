@@ -149,8 +149,11 @@ class CostOptimalLength(DraftLengthPolicy):
 
     Acceptance: a step in which a row kept n of k drafts is n successes in n + [n < k] Bernoulli(a) trials (the
     positions after the first rejection are never tried). The batch's a is the ratio of exponentially weighted
-    (``decay`` per step) successes to trials, seeded with ``prior_weight`` trials at ``prior_acceptance``; each
-    row's a_r is its own weighted counts shrunk towards the batch's by ``prior_weight`` trials of it.
+    (``batch_decay`` per step) successes to trials, seeded with ``prior_weight`` trials at ``prior_acceptance``;
+    each row's a_r is its own weighted counts (``decay`` per step) shrunk towards the batch's by ``prior_weight``
+    trials of it. The two time scales keep a row responsive while the batch's a stays steady: at batch 1, where
+    the batch is the row, one time scale let a few rejections in a row pull a to near 0, and the plain steps chosen
+    then observe nothing to pull it back (sampled at T = 1, such a policy drafted nothing on half its steps).
 
     Reading the step's per-row counts costs one host copy per step. ``chosen_k`` records each ``next_k`` answer;
     ``step_costs()`` the mean modelled and measured seconds per decode step of the last call. Tree drafters are
@@ -164,6 +167,7 @@ class CostOptimalLength(DraftLengthPolicy):
         k_max: int = 8,
         prior_acceptance: float = 0.7,
         decay: float = 0.9,
+        batch_decay: float = 0.99,
         prior_weight: float = 4.0,
         margin: float = 0.02,
         costs: CostModel | None = None,
@@ -173,6 +177,7 @@ class CostOptimalLength(DraftLengthPolicy):
         self.k_max = check_draft_length("k_max", k_max)
         self.prior_acceptance = check_probability("prior_acceptance", prior_acceptance)
         self.decay = check_probability("decay", decay, high_open=True)
+        self.batch_decay = check_probability("batch_decay", batch_decay, high_open=True)
         self.prior_weight = check_positive("prior_weight", prior_weight)
         self.margin = check_positive("margin", margin, allow_zero=True)
         if costs is not None and not isinstance(costs, CostModel):
@@ -261,12 +266,18 @@ class CostOptimalLength(DraftLengthPolicy):
         return [tokens[k] / self.step_seconds(k, rows) for k in range(self.k_max + 1)]
 
     def best_k(self, acceptances: torch.Tensor, rows: int) -> int:
-        """The k of the highest rate, the smallest within a relative 1e-9 of it; 0 unless that beats k = 0's rate
-        by ``margin``."""
+        """The k >= 1 of the highest rate at the rows' running ``acceptances``, the smallest within a relative 1e-9
+        of it; 0 where that does not beat k = 0's rate by ``margin`` at those acceptances nor at the batch's steady
+        one. A plain step observes no acceptance, so a row's estimate that a few rejections pulled down would
+        otherwise stay down until ``explore_every``: whether to draft at all is the batch's long-run question (the
+        load's), how far to draft the rows' current one."""
         rates = self.rates(acceptances, rows)
         best = max(rates[1:])
         k = min(k for k in range(1, self.k_max + 1) if rates[k] >= best * (1 - TIE_TOLERANCE))
-        return k if rates[k] > rates[0] * (1 + self.margin) else 0
+        if rates[k] > rates[0] * (1 + self.margin):
+            return k
+        steady = self.rates(torch.full_like(acceptances, self.acceptance), rows)
+        return k if max(steady[1:]) > steady[0] * (1 + self.margin) else 0
 
     def next_k(self) -> int:
         self.ensure_costs(self.rows_fed)
@@ -314,8 +325,8 @@ class CostOptimalLength(DraftLengthPolicy):
             self.row_successes, self.row_trials = torch.zeros_like(successes), torch.zeros_like(trials)
         self.row_successes = self.decay * self.row_successes + successes
         self.row_trials = self.decay * self.row_trials + trials
-        self.successes = self.decay * self.successes + float(successes.sum())
-        self.trials = self.decay * self.trials + float(trials.sum())
+        self.successes = self.batch_decay * self.successes + float(successes.sum())
+        self.trials = self.batch_decay * self.trials + float(trials.sum())
 
     def learn_costs(self, outcome: StepOutcome, rows: int, wall: float) -> None:
         """Correct the cost model from a decode step's timings (the prefill's step says nothing of decoding), and

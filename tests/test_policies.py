@@ -155,7 +155,7 @@ def test_cost_optimal_shortens_its_draft_as_the_batch_grows():
 @pytest.mark.parametrize("rows", [1, 4, 16, 64])
 def test_cost_optimal_choice_is_the_brute_force_argmax_of_tokens_per_second(per_token, alpha, rows):
     costs = costs_growing(per_token, draft=0.05)
-    policy = CostOptimalLength(k_max=8, costs=costs, margin=0.02)
+    policy = CostOptimalLength(k_max=8, costs=costs, margin=0.02, prior_acceptance=alpha)  # rows at the batch's
     assert policy.best_k(torch.full((rows,), alpha, dtype=torch.float64), rows) == \
         brute_force_rate_k(costs, alpha, rows, 8, 0.02)
 
@@ -171,11 +171,11 @@ def test_cost_optimal_weighs_each_rows_acceptance():
 
 
 def test_cost_optimal_estimates_acceptance_per_row_and_follows_rows_that_leave():
-    policy = CostOptimalLength(k_max=4, prior_acceptance=0.5, prior_weight=2.0, decay=0.5,
+    policy = CostOptimalLength(k_max=4, prior_acceptance=0.5, prior_weight=2.0, decay=0.5, batch_decay=0.25,
                                costs=costs_growing(per_token=0.0))
     policy.next_k()
     policy.observe(outcome(4, [4, 0, 2]))  # row 0: 4 successes, 4 trials; row 1: 0 of 1; row 2: 2 of 3
-    pooled = (0.5 * 1.0 + 6) / (0.5 * 2.0 + 8)
+    pooled = (0.25 * 1.0 + 6) / (0.25 * 2.0 + 8)
     assert policy.acceptance == pytest.approx(pooled)
     expected = torch.tensor([(4 + 2 * pooled) / (4 + 2), (0 + 2 * pooled) / (1 + 2), (2 + 2 * pooled) / (3 + 2)],
                             dtype=torch.float64)
@@ -222,9 +222,29 @@ def test_cost_optimal_start_forgets_the_rows_and_keeps_the_machine_and_the_batch
 
 
 def test_cost_optimal_validates_its_settings():
-    for kwargs in ({"k_max": 0}, {"prior_acceptance": 1.5}, {"decay": 1.0}, {"prior_weight": 0}, {"margin": -0.1},
+    for kwargs in ({"k_max": 0}, {"prior_acceptance": 1.5}, {"decay": 1.0}, {"batch_decay": 1.0}, {"prior_weight": 0}, {"margin": -0.1},
                    {"margin": float("inf")}, {"repeats": 0}, {"explore_every": 0}):
         with pytest.raises(ValueError):
             CostOptimalLength(**kwargs)
     with pytest.raises(TypeError, match="CostModel"):
         CostOptimalLength(costs={"target": 1.0})
+
+
+def test_cost_optimal_at_batch_one_keeps_drafting_through_a_run_of_rejections():
+    """At batch 1 the batch is the row. A row that kept 3 of 4 drafts a step for a long while, then had its first
+    draft rejected 20 times running (a sampled run does this), has a running acceptance at which drafting does not
+    pay; but whether to draft at all is the batch's long-run question, and at its steady acceptance drafting pays.
+    (Deciding k = 0 from the row alone, the policy observed nothing more until ``explore_every`` and drafted
+    nothing on half its steps at T = 1.) Where the steady acceptance itself says drafting does not pay, it stops."""
+    policy = CostOptimalLength(k_max=4, costs=costs_growing(per_token=0.0, draft=0.5))
+    for _ in range(200):
+        policy.next_k()
+        policy.observe(outcome(4, [3]))
+    for _ in range(20):
+        policy.next_k()
+        policy.observe(outcome(4, [0]))
+    row_rates = policy.rates(policy.row_acceptances(), 1)
+    assert max(row_rates[1:]) < row_rates[0]  # the row alone says: stop drafting
+    assert policy.acceptance > 0.6 and policy.next_k() > 0
+    poor = CostOptimalLength(k_max=4, prior_acceptance=0.1, costs=costs_growing(per_token=0.0, draft=0.5))
+    assert poor.next_k() == 0
