@@ -119,6 +119,7 @@ class ConfidenceLength(DraftLengthPolicy):
 
 TIE_TOLERANCE = 1e-9  # relative: predicted rates closer than this count as equal
 COST_DECAY = 0.8  # per-step forgetting factor of the online corrections to the cost model
+PLAIN_SAMPLES = 3  # plain steps a drafting policy takes once, so that a plain step's overhead is measured too
 
 
 class CostOptimalLength(DraftLengthPolicy):
@@ -142,8 +143,11 @@ class CostOptimalLength(DraftLengthPolicy):
     two for the embedded pair on a CPU, in the first call). A drafter without a single causal LM to time (n-gram,
     EAGLE and Medusa heads) has its cost per drafted token learned from the steps instead. The model is then
     corrected online from the step timings the loop takes: the target's and the draft's measured over modelled
-    seconds, and the loop's overhead per step as the step's wall time beyond its forwards,
-    each an exponentially weighted mean (``COST_DECAY`` per step). These corrections describe the machine, and
+    seconds, and the loop's overhead per step as the step's wall time beyond its forwards, apart for plain and for
+    drafting steps (a drafting step also runs the acceptance rule, sampling's included: at T = 1 and batch 16, one
+    overhead for both made k = 1 look faster than the plain loop, which it was not), each an exponentially weighted
+    mean (``COST_DECAY`` per step) started at its first observation. So that both are measured, a policy that
+    drafts takes ``PLAIN_SAMPLES`` plain steps once, early in its first call. These corrections describe the machine, and
     the batch's acceptance the pair on its data: both carry across calls (the prior seeds the first), so a call
     does not start by drafting from the prior again; each call's rows start from the batch's acceptance.
 
@@ -187,7 +191,9 @@ class CostOptimalLength(DraftLengthPolicy):
         self.costs = costs
         self.measure: Callable[[int], CostModel] | None = None  # set by ``bind``: times the models at a batch size
         self.target_scale = self.draft_scale = 1.0  # measured / modelled seconds of each model's forwards
-        self.overhead = 0.0  # the loop's seconds per step beyond its forwards
+        self.overheads: list[float | None] = [None, None]  # the loop's seconds per step beyond its forwards:
+        # [plain step, drafting step], None until a step of the kind is observed
+        self.plain_observed = 0  # plain decode steps whose timings were learned from
         self.learned_draft_step = 0.0  # seconds per drafted token, for a drafter without a timed model
         self.successes = self.prior_acceptance * self.prior_weight  # weighted accepted positions, all rows
         self.trials = self.prior_weight  # weighted verified positions, all rows
@@ -256,7 +262,13 @@ class CostOptimalLength(DraftLengthPolicy):
         return k * draft + self.target_scale * verify[k]
 
     def step_seconds(self, k: int, rows: int) -> float:
-        return self.forward_seconds(k, rows) + self.overhead
+        return self.forward_seconds(k, rows) + self.overhead(k)
+
+    def overhead(self, k: int) -> float:
+        """The loop's seconds beyond the forwards of a step drafting k: that kind's estimate, else the other's, else
+        0."""
+        own, other = self.overheads[k > 0], self.overheads[k == 0]
+        return own if own is not None else other if other is not None else 0.0
 
     def rates(self, acceptances: torch.Tensor, rows: int) -> list[float]:
         """[k_max + 1] expected tokens per second of a step drafting k = 0..k_max, for rows generating at
@@ -283,6 +295,8 @@ class CostOptimalLength(DraftLengthPolicy):
         self.ensure_costs(self.rows_fed)
         if self.plain_steps + 1 >= self.explore_every:  # one draft now and then keeps a and its costs measured
             k = 1
+        elif self.plain_observed < PLAIN_SAMPLES and not self.first_step:  # a plain step's overhead, measured once
+            k = 0
         else:
             k = self.best_k(self.row_acceptances(), self.rows_fed)
         self.plain_steps = 0 if k else self.plain_steps + 1
@@ -347,7 +361,10 @@ class CostOptimalLength(DraftLengthPolicy):
                 self.draft_scale = COST_DECAY * self.draft_scale + (1 - COST_DECAY) * observed
         if not math.isfinite(forwards):
             forwards = self.forward_seconds(k, rows)
-        self.overhead = COST_DECAY * self.overhead + (1 - COST_DECAY) * max(wall - forwards, 0.0)
+        overhead, kind = max(wall - forwards, 0.0), int(k > 0)
+        known = self.overheads[kind]
+        self.overheads[kind] = overhead if known is None else COST_DECAY * known + (1 - COST_DECAY) * overhead
+        self.plain_observed += k == 0
 
     def select_rows(self, index: torch.Tensor) -> None:
         index = index.cpu()

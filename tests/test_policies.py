@@ -5,9 +5,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+from specdec import policies
 from specdec.layout import ChainLayout
 from specdec.types import HostSync, StepOutcome
 from specdec.policies import ConfidenceLength, CostOptimalLength, FixedLength, HeuristicLength
@@ -238,13 +241,33 @@ def test_cost_optimal_at_batch_one_keeps_drafting_through_a_run_of_rejections():
     nothing on half its steps at T = 1.) Where the steady acceptance itself says drafting does not pay, it stops."""
     policy = CostOptimalLength(k_max=4, costs=costs_growing(per_token=0.0, draft=0.5))
     for _ in range(200):
-        policy.next_k()
-        policy.observe(outcome(4, [3]))
+        k = policy.next_k()
+        policy.observe(outcome(k, [min(k, 3)]))
     for _ in range(20):
-        policy.next_k()
-        policy.observe(outcome(4, [0]))
+        k = policy.next_k()
+        policy.observe(outcome(k, [0]))
     row_rates = policy.rates(policy.row_acceptances(), 1)
     assert max(row_rates[1:]) < row_rates[0]  # the row alone says: stop drafting
     assert policy.acceptance > 0.6 and policy.next_k() > 0
     poor = CostOptimalLength(k_max=4, prior_acceptance=0.1, costs=costs_growing(per_token=0.0, draft=0.5))
     assert poor.next_k() == 0
+
+
+def test_cost_optimal_learns_a_plain_and_a_drafting_steps_overhead_apart(monkeypatch):
+    """A drafting step also runs the acceptance rule: its overhead beyond the forwards is its own. The policy takes
+    a few plain steps early (after the call's first), so that both kinds are measured, and models each step with
+    its own kind's overhead."""
+    clock = [0.0]
+    monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    costs = costs_growing(per_token=0.0, fixed=1.0, draft=0.1)
+    policy = CostOptimalLength(k_max=4, costs=costs)
+    chosen = []
+    for _ in range(30):
+        k = policy.next_k()
+        chosen.append(k)
+        draft, target = 0.1 * k, costs.verify(k, 1)
+        clock[0] += draft + target + (0.6 if k else 0.01)
+        policy.observe(outcome(k, [k], draft_seconds=draft, target_seconds=target))
+    assert chosen[1:1 + policies.PLAIN_SAMPLES] == [0] * policies.PLAIN_SAMPLES and all(chosen[4:])
+    assert policy.overheads == [pytest.approx(0.01), pytest.approx(0.6)]
+    assert policy.step_seconds(0, 1) == pytest.approx(1.01) and policy.step_seconds(2, 1) == pytest.approx(1.8)
