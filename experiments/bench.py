@@ -19,11 +19,10 @@ import torch
 
 import specdec
 from experiments.common.harness import (
-    Decoded, Method, Pair, Report, argument_parser, cost_profile, default_out_dir, load_bench_pair,
-    markdown, positive_int, positive_ints, run_interleaved, temperatures,
+    Decoded, Method, Pair, Report, add_pair_options, argument_parser, cost_profile, load_bench_pair,
+    markdown, parse_pair_options, positive_int, positive_ints, run_interleaved, temperatures,
     transformers_configuration, transformers_generate,
 )
-from experiments.common.refusal import check_device, check_dtype, check_pair, check_writable
 from specdec import Clock
 from specdec.batching import left_pad
 from specdec.costs import CostModel
@@ -192,17 +191,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-rounds", type=positive_int, default=3, help="times the batch-scaling work is decoded")
     parser.add_argument("--skip-comparison", action="store_true", help="cost profile and batch scaling only")
     parser.add_argument("--compiled", action="store_true", help="also compare our compiled path (compile=True)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--out", default=None, help="directory for bench.md and bench.json")
-    args = parser.parse_args(argv)
-    args.out = args.out or str(default_out_dir("bench"))
-    parser.check(lambda: check_device("--device", args.device),
-                 lambda: check_dtype("--dtype", args.dtype, args.device),
-                 lambda: check_pair("--pair", args.pair, args.device, args.dtype),
-                 lambda: check_writable("--out", args.out))
-    return args
+    add_pair_options(parser, "bench.md and bench.json")
+    return parse_pair_options(parser, argv, "bench")
 
 
 def main(argv=None) -> None:

@@ -27,10 +27,9 @@ import torch
 
 import specdec
 from experiments.common.harness import (
-    Decoded, Method, Pair, Report, argument_parser, default_out_dir, load_bench_pair, positive_int, positive_ints,
-    run_interleaved, temperatures,
+    Decoded, Method, Pair, Report, add_pair_options, argument_parser, load_bench_pair, parse_pair_options,
+    positive_int, positive_ints, run_interleaved, temperatures,
 )
-from experiments.common.refusal import check_device, check_dtype, check_pair, check_writable
 from specdec import Clock
 from specdec.batching import left_pad
 from specdec.results import bootstrap_totals, interval
@@ -135,17 +134,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ks", type=positive_ints, default="1,2,4", help="the fixed draft lengths beside the plain loop")
     parser.add_argument("--calls", type=positive_int, default=8, help="timed calls per policy at each batch size")
     parser.add_argument("--max-new-tokens", type=positive_int, default=64)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--out", default=None, help="directory for load_bench.md and load_bench.json")
-    args = parser.parse_args(argv)
-    args.out = Path(args.out) if args.out else default_out_dir("load_bench")
-    parser.check(lambda: check_device("--device", args.device),
-                 lambda: check_dtype("--dtype", args.dtype, args.device),
-                 lambda: check_pair("--pair", args.pair, args.device, args.dtype),
-                 lambda: check_writable("--out", args.out))
-    return args
+    add_pair_options(parser, "load_bench.md and load_bench.json")
+    return parse_pair_options(parser, argv, "load_bench")
 
 
 def main(argv=None) -> None:
@@ -166,8 +156,7 @@ def main(argv=None) -> None:
             verdicts.append(measured["verdict"])
             report.table(f"## Batch {batch_size}, T = {temperature}", measured["rows"])
     report.table("## cost_optimal against the best fixed k and the heuristic", verdicts)
-    report.write(args.out / "load_bench.md", {"args": {**vars(args), "out": str(args.out)}, "rows": rows,
-                                             "verdicts": verdicts})
+    report.write(Path(args.out) / "load_bench.md", {"args": vars(args), "rows": rows, "verdicts": verdicts})
     print(f"\nwritten to {args.out}/load_bench.md")
 
 

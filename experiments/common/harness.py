@@ -23,7 +23,7 @@ import torch
 import transformers
 
 import specdec
-from experiments.common.refusal import ArgumentParser
+from experiments.common.refusal import ArgumentParser, check_device, check_dtype, check_pair, check_writable
 from specdec.lean import LeanForward
 from specdec import Clock, DecodeStats, GenerationOutput
 from specdec.costs import CostModel
@@ -428,6 +428,27 @@ def argument_parser(module: str, doc: str) -> ArgumentParser:
     its refusals are one line, exit 2 (``experiments.common.refusal``)."""
     return ArgumentParser(prog=f"python -m {module}", description=doc,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_pair_options(parser: ArgumentParser, written: str) -> None:
+    """The options of a bench over a ``load_pair`` preset (``--pair``, added by the bench with its own help): where
+    it runs, and the directory it writes ``written`` to."""
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--out", default=None, help=f"directory for {written}")
+
+
+def parse_pair_options(parser: ArgumentParser, argv, bench: str) -> argparse.Namespace:
+    """The parsed arguments, ``--out`` defaulting to outputs/<bench>/<time>, with the pair, device, dtype and
+    output directory checked before any model loads."""
+    args = parser.parse_args(argv)
+    args.out = args.out or str(default_out_dir(bench))
+    parser.check(lambda: check_device("--device", args.device),
+                 lambda: check_dtype("--dtype", args.dtype, args.device),
+                 lambda: check_pair("--pair", args.pair, args.device, args.dtype),
+                 lambda: check_writable("--out", args.out))
+    return args
 
 
 def positive_int(text: str) -> int:
