@@ -166,9 +166,9 @@ def doubling_rows(batch_size: int) -> list[int]:
 
 
 def monotone(costs: dict[int, float]) -> dict[int, float]:
-    """Costs by size fitted non-decreasing (isotonic regression, pool adjacent violators): a forward of more tokens
-    never costs less, so a dip is noise (and a search would exploit it); a spike is averaged with its neighbours
-    rather than carried to every larger size."""
+    """Costs by size fitted non-decreasing (isotonic regression, pool adjacent violators), as the tree search fits
+    its profiles: a spike is averaged with its neighbours rather than carried to every larger size. It also flattens
+    real dips (``measure_table``), which is why the draft-length policy's tables are not fitted."""
     blocks: list[list[float]] = []  # [mean, count] of pooled runs of sizes
     for n in sorted(costs):
         blocks.append([costs[n], 1])
@@ -179,22 +179,14 @@ def monotone(costs: dict[int, float]) -> dict[int, float]:
     return dict(zip(sorted(costs), fitted))
 
 
-def sample_widths(largest: int) -> list[int]:
-    """The widths a table is measured at, up to ``largest``: 1, 2, 3, then doubling; interpolated between."""
-    widths, n = [1, 2, 3], 5
-    while n < largest:
-        widths.append(n)
-        n = 2 * n - 1
-    return [w for w in widths if w < largest] + [largest]
-
-
 def measure_table(model: torch.nn.Module, rows: Iterable[int], widths: Iterable[int], repeats: int = 3,
                   context: int = COST_CONTEXT, forward: str = "auto", clock: Clock | None = None,
                   label: str = "model", seed: int = 0) -> CostTable:
     """A model's ``CostTable``: the seconds of its forward of each of ``widths`` tokens per row over a cache of
     ``context`` random tokens per row, at each of ``rows`` (``specdec.profile.time_forwards``, eager, as the host
-    step runs it): the fastest of ``repeats`` rounds, since load on a shared machine only ever adds time, fitted
-    non-decreasing in the width at each row count and in the rows at each width (``monotone``)."""
+    step runs it): the fastest of ``repeats`` rounds, since load on a shared machine only ever adds time. Not
+    fitted: a forward of more tokens can cost less (the embedded target on a 2-core CPU, one row: 5 tokens 8.2 ms,
+    3 tokens 11.8 ms, the matrix kernels changing with the tokens multiplied), and a choice of k needs the dip."""
     widths = sorted(set(widths))
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
@@ -204,20 +196,21 @@ def measure_table(model: torch.nn.Module, rows: Iterable[int], widths: Iterable[
         prompt = torch.randint(0, model.config.vocab_size, (b, width), generator=generator).to(device)  # [b, C]
         rounds = [time_forwards(model, prompt, widths, repeats=1, warmup=1 if not i else 0, clock=clock,
                                 label=label, forward=forward) for i in range(repeats)]
-        seconds[b] = monotone({n: min(r[n] for r in rounds) for n in widths})
-    by_width = {n: monotone({b: seconds[b][n] for b in seconds}) for n in widths}
-    return CostTable({b: {n: by_width[n][b] for n in widths} for b in seconds})
+        seconds[b] = {n: min(r[n] for r in rounds) for n in widths}
+    return CostTable(seconds)
 
 
 def measure_costs(target: torch.nn.Module, draft: torch.nn.Module | None, batch_size: int, k_max: int,
                   repeats: int = 3, forward: str = "auto", clock: Clock | None = None) -> CostModel:
     """The chain costs of ``target`` drafted by ``draft`` (None: no model to time) for batches of up to
-    ``batch_size`` rows and drafts of up to ``k_max`` tokens: the target's forward of 1..k_max + 1 tokens per row
-    (``sample_widths``) and the draft's of one, at ``doubling_rows(batch_size)`` rows. A second or two for the embedded pair on a CPU."""
+    ``batch_size`` rows and drafts of up to ``k_max`` tokens: the target's forward of every width 1..k_max + 1
+    tokens per row (interpolating between widths would hide the dips ``measure_table`` keeps) and the draft's of
+    one, at ``doubling_rows(batch_size)`` rows. A second or two for the embedded pair on a CPU at batch 1, a few
+    at batch 64."""
     rows = doubling_rows(batch_size)
     weight = next(target.parameters())
     setting = f"{weight.device.type}, {str(weight.dtype).removeprefix('torch.')}"
-    target_table = measure_table(target, rows, sample_widths(k_max + 1), repeats, forward=forward, clock=clock,
+    target_table = measure_table(target, rows, range(1, k_max + 2), repeats, forward=forward, clock=clock,
                                  label="target")
     draft_table = None if draft is None else measure_table(draft, rows, [1], repeats, forward=forward, clock=clock,
                                                            label="draft")

@@ -15,7 +15,7 @@ import torch
 from conftest import TickingClock, hf_greedy, left_pad, random_prompts, tiny_gpt2
 
 import specdec
-from specdec.costs import CostModel, CostTable, doubling_rows, interpolate, measure_table, monotone, sample_widths
+from specdec.costs import CostModel, CostTable, doubling_rows, interpolate, measure_costs, measure_table, monotone
 from specdec.interfaces import DraftLengthPolicy
 
 TARGET = tiny_gpt2(0, layers=3)
@@ -125,9 +125,31 @@ def test_the_step_cost_is_k_drafts_a_verification_and_the_loops_overhead():
     assert costs.speedup(0.5, 2) == pytest.approx(1.75 * 10.25 / 14.5)
 
 
-def test_measured_tables_are_fitted_non_decreasing_at_the_rows_asked():
-    assert monotone({1: 1.0, 2: 3.0, 3: 2.0}) == {1: 1.0, 2: 2.5, 3: 2.5}
+class ScriptedDurations:
+    """A clock read twice per timed forward (before, after), under which the forwards take ``durations`` seconds in
+    turn, cycling."""
+
+    def __init__(self, durations: list[float]):
+        self.durations, self.readings, self.time = itertools.cycle(durations), 0, 0.0
+
+    def now(self) -> float:
+        self.readings += 1
+        if self.readings % 2 == 0:
+            self.time += next(self.durations)
+        return self.time
+
+
+def test_measured_tables_keep_a_dip_in_the_width_and_take_each_widths_fastest_round():
+    assert monotone({1: 1.0, 2: 3.0, 3: 2.0}) == {1: 1.0, 2: 2.5, 3: 2.5}  # the tree search's fit
     assert doubling_rows(1) == [1] and doubling_rows(16) == [1, 2, 4, 8, 16] and doubling_rows(6) == [1, 2, 4, 6]
-    assert sample_widths(9) == [1, 2, 3, 5, 9]
-    table = measure_table(tiny_gpt2(0, layers=1), [1, 2], [1, 3], repeats=1, context=8, clock=TickingClock())
-    assert table.seconds == {1: {1: 1.0, 3: 1.0}, 2: {1: 1.0, 3: 1.0}}  # a ticking clock: every forward 1 s
+    # Widths 1, 2, 3 per round: a warm-up round, then rounds at 9, 3, 2 s and at 1, 5, 4 s (the 5 s: load).
+    clock = ScriptedDurations([0.0, 0.0, 0.0, 9.0, 3.0, 2.0, 1.0, 5.0, 4.0])
+    table = measure_table(tiny_gpt2(0, layers=1), [1], [1, 2, 3], repeats=2, context=8, clock=clock)
+    assert table.seconds == {1: {1: 1.0, 2: 3.0, 3: 2.0}}  # 3 tokens cost less than 2: kept, as measured
+
+
+def test_the_policys_costs_are_measured_at_every_width_it_can_choose():
+    costs = measure_costs(tiny_gpt2(0, layers=1), tiny_gpt2(1, layers=1), 3, 5, repeats=1, clock=TickingClock())
+    assert sorted(costs.target.seconds) == [1, 2, 3]
+    assert all(sorted(widths) == [1, 2, 3, 4, 5, 6] for widths in costs.target.seconds.values())
+    assert all(sorted(widths) == [1] for widths in costs.draft.seconds.values())

@@ -199,13 +199,19 @@ def test_cost_optimal_learns_the_machine_from_step_timings():
     assert modelled > 0 and measured >= 0
 
 
-def test_cost_optimal_drafts_once_in_every_explore_every_steps_where_drafting_does_not_pay():
+def test_cost_optimal_explores_ever_more_rarely_where_drafting_does_not_pay_and_often_again_once_it_does():
     policy = CostOptimalLength(k_max=4, prior_acceptance=0.05, costs=costs_growing(per_token=1.0), explore_every=5)
     ks = []
-    for _ in range(15):
+    for _ in range(5 + 10 + 20 + 40 + 80 + 80):
         ks.append(policy.next_k())
         policy.observe(outcome(ks[-1], [0, 0]))
-    assert ks == [0] * 4 + [1] + [0] * 4 + [1] + [0] * 4 + [1]
+    explored = [step + 1 for step, k in enumerate(ks) if k]  # the steps that drafted, counted from 1
+    assert explored == [5, 15, 35, 75, 155, 235]  # 5 apart, then 10, 20, 40, then 80 = 16 x 5 at most
+    policy.costs = costs_growing(per_token=0.0, draft=0.0)  # verification now free, and the rows keep every draft
+    for _ in range(100):
+        k = policy.next_k()
+        policy.observe(outcome(k, [k, k]))
+    assert ks.count(1) == 6 and all(policy.chosen_k[-10:]) and policy.explore_interval == 5
 
 
 def test_cost_optimal_without_costs_or_a_decoder_says_what_it_needs():
