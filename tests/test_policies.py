@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -24,7 +26,7 @@ def outcome(k: int, accepted: list[int], active: list[bool] | None = None, draft
     new_tokens = torch.zeros(len(accepted), k + 1, dtype=torch.long)
     live = num_accepted[active]
     num_new = (num_accepted + 1) * active
-    host = HostSync(remaining_max=1, room_min=k, num_active=int(active.sum()),
+    host = HostSync(remaining_max=64, room_min=k, num_active=int(active.sum()),
                     max_accepted=int(live.max()) if len(live) else -1, min_accepted=int(live.min()) if len(live) else k,
                     max_new=int(num_new.max()), min_new=int(num_new.min()))
     return StepOutcome(
@@ -161,6 +163,42 @@ def test_cost_optimal_choice_is_the_brute_force_argmax_of_tokens_per_second(per_
     policy = CostOptimalLength(k_max=8, costs=costs, margin=0.02, prior_acceptance=alpha)  # rows at the batch's
     assert policy.best_k(torch.full((rows,), alpha, dtype=torch.float64), rows) == \
         brute_force_rate_k(costs, alpha, rows, 8, 0.02)
+
+
+def brute_force_tail_rate(costs: CostModel, alpha: float, k: int, rows: int, remaining: int) -> float:
+    """Expected tokens per second of drafting k with the call's tail, from each row's distribution of tokens per
+    step written out: 1 + j tokens with probability alpha^j (1 - alpha), j < k, and k + 1 with alpha^k."""
+    probabilities = [alpha**j * (1 - alpha) for j in range(k)] + [alpha**k]
+    mean = sum(p * (1 + j) for j, p in enumerate(probabilities))
+    sd = math.sqrt(sum(p * (1 + j - mean) ** 2 for j, p in enumerate(probabilities)))
+    z = statistics.NormalDist().inv_cdf((rows - 0.375) / (rows + 0.25)) if rows > 1 else 0.0
+
+    def step(b):
+        return k * costs.draft_step(b) + costs.verify(k, b)
+    return rows * mean / (step(rows) + z * sd * step(1) / math.sqrt(remaining * mean))
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64])
+@pytest.mark.parametrize("alpha", [0.3, 0.8])
+def test_cost_optimal_charges_each_step_its_share_of_the_calls_tail(rows, alpha):
+    costs = costs_growing(0.02, draft=0.05)
+    policy = CostOptimalLength(k_max=6, costs=costs)
+    policy.remaining = 40
+    rates = policy.rates(torch.full((rows,), alpha, dtype=torch.float64), rows)
+    assert rates == pytest.approx([brute_force_tail_rate(costs, alpha, k, rows, 40) for k in range(7)])
+
+
+def test_the_calls_tail_shortens_the_draft_at_batch_16_and_not_at_batch_1():
+    """A longer draft that wins per step by 2%: it spreads the rows' progress more, and the batch's last row decides
+    when the call ends. One row has no tail."""
+    costs = CostModel(CostTable({b: {1: 14.8, 2: 21.1, 3: 26.1, 4: 29.5} for b in (1, 16)}),
+                      CostTable({b: {1: 2.2} for b in (1, 16)}))
+    policy = CostOptimalLength(k_max=3, costs=costs)
+    acceptances = torch.full((16,), 0.8, dtype=torch.float64)
+    assert policy.best_k(acceptances, 16) == 3  # the call's length unknown: no tail
+    policy.remaining = 64
+    assert 1 <= policy.best_k(acceptances, 16) < 3
+    assert policy.best_k(acceptances[:1], 1) == 3
 
 
 def test_cost_optimal_weighs_each_rows_acceptance():
