@@ -137,6 +137,10 @@ class PromptColumns:
     round: int = column(
         "which repeat of the prompt's interleaved baseline/speculative pair (0 .. `rounds` - 1); rows written before "
         "rounds existed hold none and count as round 0")
+    batch_hash: str | None = column(
+        "the `prompt_hash` of its batch's first prompt (its own at batch size 1): rows that share it were decoded in "
+        "the same calls and share their timings, so the pooled intervals resample batches; null in rows written "
+        "before it existed (each prompt then counts as its own batch)")
 
 
 @dataclass(frozen=True)
@@ -513,17 +517,17 @@ def row_terms(row: dict) -> dict[str, float]:
             "baseline_tokens_per_s": term("baseline_tokens_per_s")}
 
 
-def bootstrap_totals(values, prompts=None):
+def bootstrap_totals(values, clusters=None):
     """[BOOTSTRAP_SAMPLES, m] column totals of ``values`` [n, m] over resamples of its n rows with replacement; where
-    ``prompts`` [n] (each row's prompt, as integers) repeats a prompt (rounds, seeds), over resamples of the prompts
-    and then of each drawn prompt's rows (``clustered_bootstrap_totals``).
+    ``clusters`` [n] (each row's batch of prompts, ``batch_of``) repeats one (batches of several prompts, rounds,
+    seeds), over resamples of the clusters and then of each drawn cluster's rows (``clustered_bootstrap_totals``).
 
     Each resample's totals are its row counts times ``values`` (one matrix product), drawn a few resamples at a time
     so that memory stays near 32 MB however many prompts there are."""
     import numpy as np
 
-    if prompts is not None and len(set(prompts)) < len(prompts):
-        return clustered_bootstrap_totals(values, prompts)
+    if clusters is not None and len(set(clusters)) < len(clusters):
+        return clustered_bootstrap_totals(values, clusters)
     n = len(values)
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     chunk = max(1, 2**22 // n)  # resamples per draw: about 4M indices
@@ -538,9 +542,10 @@ def bootstrap_totals(values, prompts=None):
 
 
 def clustered_bootstrap_totals(values, prompts):
-    """[BOOTSTRAP_SAMPLES, m] column totals of ``values`` [n, m] over a two-stage resample: the prompts with
-    replacement, then, for each prompt drawn, its rows (its rounds, its seeds' runs) with replacement. Both the
-    prompt-to-prompt and the round-to-round variation reach the interval."""
+    """[BOOTSTRAP_SAMPLES, m] column totals of ``values`` [n, m] over a two-stage resample: the clusters in
+    ``prompts`` (prompts, or batches of them) with replacement, then, for each one drawn, its rows (a batch's
+    prompts, its rounds, its seeds' runs) with replacement. Both the cluster-to-cluster and the round-to-round
+    variation reach the interval."""
     import numpy as np
 
     rng = np.random.default_rng(BOOTSTRAP_SEED)
@@ -569,9 +574,17 @@ def interval(samples, level: float = 0.95) -> tuple[float, float]:
 
 def pooled_figure(rows: list[dict], figure: str) -> dict:
     """One pooled figure (``POOLED_FIGURES``) over the rows holding all its terms: its value, a 95% percentile
-    bootstrap interval over prompts and their rounds (NaN with fewer than ``MIN_PROMPTS_FOR_INTERVAL`` rows) and
-    the rows it rests on (``prompts``: one per prompt and round)."""
-    return pooled_figure_of_terms([row_terms(row) for row in rows], figure, [prompt_of(row) for row in rows])
+    bootstrap interval over batches of prompts and their rounds (NaN with fewer than ``MIN_PROMPTS_FOR_INTERVAL``
+    rows) and the rows it rests on (``prompts``: one per prompt and round)."""
+    return pooled_figure_of_terms([row_terms(row) for row in rows], figure, [batch_of(row) for row in rows])
+
+
+def batch_of(row: dict) -> str:
+    """Which batch of prompts a row was decoded in, whatever its round or run: the rows of one batch share their
+    calls' timings, so they are one unit of the bootstrap (resampled as independent rows, 16 rows of 8 calls made
+    the interval of a batch-16 speedup about 4 times too narrow). A row without a ``batch_hash`` is its prompt's."""
+    digest = row.get("batch_hash")
+    return digest if isinstance(digest, str) and digest else prompt_of(row)
 
 
 def prompt_of(row: dict) -> str:
@@ -580,8 +593,8 @@ def prompt_of(row: dict) -> str:
     return digest if isinstance(digest, str) and digest else f"id:{row.get('prompt_id')}"
 
 
-def pooled_figure_of_terms(terms_of_rows: list[dict], figure: str, prompts: list[str] | None = None) -> dict:
-    """``pooled_figure`` from each row's ``row_terms`` (and its prompt, ``prompt_of``), computed once for all
+def pooled_figure_of_terms(terms_of_rows: list[dict], figure: str, batches: list[str] | None = None) -> dict:
+    """``pooled_figure`` from each row's ``row_terms`` (and its batch, ``batch_of``), computed once for all
     figures."""
     import numpy as np
 
@@ -593,7 +606,7 @@ def pooled_figure_of_terms(terms_of_rows: list[dict], figure: str, prompts: list
     value = formula(dict(zip(names, terms.sum(axis=0)))) if n else math.nan
     low = high = math.nan
     if n >= MIN_PROMPTS_FOR_INTERVAL:
-        clusters = None if prompts is None else [prompt for prompt, keep in zip(prompts, kept) if keep]
+        clusters = None if batches is None else [batch for batch, keep in zip(batches, kept) if keep]
         totals = bootstrap_totals(terms, clusters)  # [samples, terms]
         low, high = interval(formula(dict(zip(names, totals.T))))
     return {"value": value, "ci_low": low, "ci_high": high, "prompts": n}
@@ -647,10 +660,10 @@ def pooled(rows: list[dict]) -> dict:
     """The run's pooled figures (``POOLED_FIGURES``), each with its interval, per-position acceptance pooled with
     its counts, the summed accepted histogram and k histogram (steps by the k drafted), a cost-modelling policy's
     modelled and measured seconds per step, and the totals they rest on."""
-    terms_of_rows, prompts = [row_terms(row) for row in rows], [prompt_of(row) for row in rows]
+    terms_of_rows, batches = [row_terms(row) for row in rows], [batch_of(row) for row in rows]
     totals = {name: math.fsum(finite_values(terms[name] for terms in terms_of_rows))
               for name in ("emitted", "baseline_emitted", "spec_seconds", "baseline_seconds")}
-    return {**{figure: pooled_figure_of_terms(terms_of_rows, figure, prompts) for figure in POOLED_FIGURES},
+    return {**{figure: pooled_figure_of_terms(terms_of_rows, figure, batches) for figure in POOLED_FIGURES},
             "predicted_speedup": pooled_predicted_speedup(rows),
             "per_position_acceptance": pooled_per_position(rows), "accepted_histogram": summed_histogram(rows),
             "k_histogram": summed_histogram(rows, "k_histogram"), "step_seconds": step_seconds(rows),

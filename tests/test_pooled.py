@@ -157,3 +157,24 @@ def test_the_bootstrap_over_prompts_and_rounds_carries_the_round_to_round_spread
     agreeing = np.repeat(sums[:, None] / rounds, rounds, axis=0)  # [P*R, 1] rounds equal within each prompt
     expected = math.sqrt(prompts) * sums.std(ddof=0)  # the plain bootstrap of P prompt sums
     assert bootstrap_totals(agreeing, labels)[:, 0].std() == pytest.approx(expected, rel=0.1)
+
+
+def test_the_rows_of_one_batch_are_one_unit_of_the_interval():
+    """At batch 16 the rows of a call share its timings: 8 calls are 8 observations of the speedup, not 128. The
+    interval over batches is as wide as a bootstrap of the 8 calls' own speedups gives, and about sqrt(16) times
+    the one that took the rows as independent (as it did before rows carried their batch)."""
+    import numpy as np
+
+    speedups = [1.00, 1.10, 0.95, 1.20, 1.05, 0.90, 1.15, 1.02]  # each call's
+    rows = [timed_row(f"p{call}-{row}", 16.0 / speedup, 16.0, 64, batch_size=16, batch_hash=f"p{call}-0")
+            for call, speedup in enumerate(speedups) for row in range(16)]
+    batched = pooled_figure(rows, "speedup")
+    as_rows = pooled_figure([{k: v for k, v in row.items() if k != "batch_hash"} for row in rows], "speedup")
+    generator = np.random.default_rng(1)
+    drawn = generator.integers(0, 8, (4000, 8))  # the calls, resampled
+    spec = (1.0 / np.array(speedups))[drawn].sum(1)
+    reference = np.percentile(8 / spec, [2.5, 97.5])  # speedup = total baseline time / total spec time per token
+    width = batched["ci_high"] - batched["ci_low"]
+    assert width == pytest.approx(reference[1] - reference[0], rel=0.2)
+    assert width > 3 * (as_rows["ci_high"] - as_rows["ci_low"])
+    assert batched["value"] == as_rows["value"]

@@ -128,7 +128,7 @@ def a_row(prompt_id: str = "p0", speedup: float = 1.5, **options) -> Row:
     metrics = Metrics.measure(spec, spec, 0, False)
     provenance = Provenance("abc123", False, "0.1", "2.13.0+cpu", "5.23.0", "0" * 16, "1" * 16, "cpu", 2)
     return Row(identity, options, Condition("host-a", 1, 0.5, 0.7), provenance,
-               PromptColumns(prompt_id, "0123456789ab", 5, None, 0),
+               PromptColumns(prompt_id, "0123456789ab", 5, None, 0, "0123456789ab"),
                Metrics(**{**{f.name: getattr(metrics, f.name) for f in fields(Metrics)}, "speedup": speedup}),
                Outputs.of([1, 2], [1, 2], greedy=True))
 

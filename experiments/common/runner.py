@@ -366,7 +366,7 @@ def decode_prompts(cfg, setting: Setting, todo: list[tuple[int, object]], out_di
                 likelihoods = None if setting.identity.lossless else (
                     mean_log_likelihood(pair.target, prompt_ids, measured.tokens[row_index]),
                     mean_log_likelihood(pair.target, prompt_ids, base_out.tokens[row_index]))
-                row = make_row(setting, condition, provenance, prompt, number, len(prompt_ids), row_index, len(batch),
+                row = make_row(setting, condition, provenance, prompt, number, len(prompt_ids), row_index, batch,
                                measured, base_out, likelihoods).to_json()
                 writer.write(row)
                 all_rows.append(row)
@@ -544,18 +544,18 @@ def batch_seed(seed: int, batch: list) -> int:
 
 
 def make_row(setting: Setting, condition: Condition, provenance: Provenance, prompt, round_number: int,
-             prompt_tokens: int, i: int, batch_size: int, measured: Measured, base: specdec.GenerationOutput,
+             prompt_tokens: int, i: int, batch: list, measured: Measured, base: specdec.GenerationOutput,
              log_likelihoods: tuple[float, float] | None = None) -> Row:
-    """The row (docs/results-schema.md) of row ``i`` of a batch of ``batch_size`` that both sides decoded in round
+    """The row (docs/results-schema.md) of row ``i`` of the ``batch`` of prompts that both sides decoded in round
     ``round_number``; ``log_likelihoods``: the target's mean log-likelihood of each side's output, for a lossy
     rule."""
     return Row(
-        identity=replace(setting.identity, batch_size=batch_size),
+        identity=replace(setting.identity, batch_size=len(batch)),
         options=setting.options,
         condition=condition,
         provenance=provenance,
         prompt=PromptColumns(prompt_id=str(prompt.id), prompt_hash=prompt.hash, prompt_tokens=prompt_tokens,
-                             category=prompt.category, round=round_number),
+                             category=prompt.category, round=round_number, batch_hash=batch[0].hash),
         metrics=measured.metrics(base.stats, i),
         outputs=Outputs.of(measured.tokens[i], base.tokens[i], setting.sampling.is_greedy, log_likelihoods),
     )
