@@ -214,7 +214,7 @@ class CostOptimalLength(DraftLengthPolicy):
         self.trials = self.prior_weight  # weighted verified positions, all rows
         self.call_rows = 1  # the last call's batch size: the rows a call's first choice assumes
         self.call_remaining = math.inf  # the tokens left to the last call's rows after its first step, about
-        self.looked_up: dict[int, tuple[list[float], float | None]] = {}  # ``table_seconds``'s, by rows
+        self.looked_up: dict[int, tuple[list[float], list[float] | None]] = {}  # ``table_seconds``'s, by rows
         self.looked_up_in: CostModel | None = None  # the cost model they were looked up in
         self.start()
 
@@ -261,22 +261,23 @@ class CostOptimalLength(DraftLengthPolicy):
         rows = (self.row_successes + self.prior_weight * pooled) / (self.row_trials + self.prior_weight)  # [B']
         return rows[self.generating]
 
-    def table_seconds(self, rows: int) -> tuple[list[float], float | None]:
-        """The cost model's verification of k = 0..k_max drafts and its draft step at ``rows`` rows (None: no draft
-        table), looked up once per row count and cost model."""
+    def table_seconds(self, rows: int) -> tuple[list[float], list[float] | None]:
+        """The cost model's verification of k = 0..k_max drafts and their draft forwards (``draft_chain``; None: no
+        draft table) at ``rows`` rows, looked up once per row count and cost model."""
         costs = self.costs
         if self.looked_up_in is not costs:
             self.looked_up, self.looked_up_in = {}, costs
         if rows not in self.looked_up:
             self.looked_up[rows] = ([costs.verify(k, rows) for k in range(self.k_max + 1)],
-                                    costs.draft_step(rows) if costs.draft is not None else None)
+                                    [costs.draft_chain(k, rows) for k in range(self.k_max + 1)]
+                                    if costs.draft is not None else None)
         return self.looked_up[rows]
 
     def forward_seconds(self, k: int, rows: int) -> float:
         """The model's seconds of a step's forwards at ``rows`` rows drafting k, with the online corrections."""
-        verify, draft_step = self.table_seconds(rows)
-        draft = self.learned_draft_step if draft_step is None else self.draft_scale * draft_step
-        return k * draft + self.target_scale * verify[k]
+        verify, drafts = self.table_seconds(rows)
+        draft = k * self.learned_draft_step if drafts is None else self.draft_scale * drafts[k]
+        return draft + self.target_scale * verify[k]
 
     def step_seconds(self, k: int, rows: int) -> float:
         return self.forward_seconds(k, rows) + self.overhead(k)
@@ -385,11 +386,11 @@ class CostOptimalLength(DraftLengthPolicy):
         # every drafted token look 2.4x its price, and the policy stopped drafting where k = 2 paid 14%).
         drafted_before = len(self.chosen_k) >= 2 and self.chosen_k[-2] > 0
         if k and drafted_before and math.isfinite(outcome.draft_seconds) and outcome.draft_seconds > 0:
-            per_token = outcome.draft_seconds / k
             if costs.draft is None:
+                per_token = outcome.draft_seconds / k
                 self.learned_draft_step = COST_DECAY * self.learned_draft_step + (1 - COST_DECAY) * per_token
             else:
-                observed = per_token / self.table_seconds(rows)[1]
+                observed = outcome.draft_seconds / self.table_seconds(rows)[1][k]
                 self.draft_scale = COST_DECAY * self.draft_scale + (1 - COST_DECAY) * observed
         if not math.isfinite(forwards):
             forwards = self.forward_seconds(k, rows)

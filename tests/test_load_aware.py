@@ -152,4 +152,4 @@ def test_the_policys_costs_are_measured_at_every_width_it_can_choose():
     costs = measure_costs(tiny_gpt2(0, layers=1), tiny_gpt2(1, layers=1), 3, 5, repeats=1, clock=TickingClock())
     assert sorted(costs.target.seconds) == [1, 2, 3]
     assert all(sorted(widths) == [1, 2, 3, 4, 5, 6] for widths in costs.target.seconds.values())
-    assert all(sorted(widths) == [1] for widths in costs.draft.seconds.values())
+    assert all(sorted(widths) == [1, 2] for widths in costs.draft.seconds.values())  # the first forward: 2 tokens

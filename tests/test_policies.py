@@ -315,3 +315,22 @@ def test_cost_optimal_learns_a_plain_and_a_drafting_steps_overhead_apart(monkeyp
     assert chosen[1:1 + policies.PLAIN_SAMPLES] == [0] * policies.PLAIN_SAMPLES and all(chosen[4:])
     assert policy.overheads == [pytest.approx(0.01), pytest.approx(0.6)]
     assert policy.step_seconds(0, 1) == pytest.approx(1.01) and policy.step_seconds(2, 1) == pytest.approx(1.8)
+
+
+def test_cost_optimal_prices_a_drafts_first_forward_apart_and_learns_the_same_scale_from_any_k():
+    """A step's first draft forward catches up on two tokens and costs more than the others: priced as k times one
+    forward, a scale learned from k = 1 steps overprices k = 3 and one learned from k = 3 underprices k = 1, so the
+    choice follows the k last drafted."""
+    rows = [1, 2, 4]
+    costs = CostModel(CostTable({b: {n: 10.0 + n for n in range(1, 10)} for b in rows}),
+                      CostTable({b: {1: 1.0, 2: 1.5} for b in rows}))
+    assert costs.draft_chain(0) == 0.0 and costs.draft_chain(1) == 1.5 and costs.draft_chain(3) == 1.5 + 2 * 1.0
+    scales = []
+    for k in (1, 3):
+        policy = CostOptimalLength(k_max=4, costs=costs)
+        for _ in range(40):  # the machine runs the draft at twice the table's seconds
+            policy.next_k()
+            policy.chosen_k[-1] = k
+            policy.observe(outcome(k, [k, k], draft_seconds=2 * costs.draft_chain(k), target_seconds=11.0 + k))
+        scales.append(policy.draft_scale)
+    assert scales == pytest.approx([2.0, 2.0], rel=1e-3)
