@@ -3,11 +3,11 @@ benches' predictions.
 
 A step of the loop over B batch rows, drafting a chain of k tokens, costs
 
-    step(B, k) = k draft(B, 1) + verify(B, k + 1) + overhead(k)
+    step(B, k) = draft(B, 2) + (k - 1) draft(B, 1) + verify(B, k + 1) + overhead(k)     (k >= 1; k = 0: no draft)
 
 where verify(B, n) is the target's forward of n tokens per row over a cached context (a chain's verification feeds
 the root and its k drafts; a plain decode step, k = 0, feeds 1), draft(B, n) the draft's forward of n tokens per
-row, and overhead the loop's own time per step beyond its forwards. A token tree of N nodes is verified in one
+row (a step's first catches up on two tokens, ``CostModel.draft_chain``), and overhead the loop's own time per step beyond its forwards. A token tree of N nodes is verified in one
 forward of N + 1 tokens under a tree mask (``target_tree``), drafted level by level (``draft_tree``). The cost grows
 with the tokens a forward computes, B (k + 1): flat while the forward is bound by reading the weights, steeply once
 it is bound by compute, which is why long drafts stop paying at large batches.
