@@ -144,7 +144,8 @@ class CostOptimalLength(DraftLengthPolicy):
     taken only where it beats k = 0 by the relative ``margin``, so that the policy is not slower than decoding
     without a draft by more than the cost model's error. After ``explore_every`` - 1 plain decode steps in a row the
     next step drafts one token anyway, so that acceptance and the draft's cost stay measured (a choice of 0 from
-    stale estimates would never be revisited). Each such step doubles the interval to the next, up to
+    stale estimates would never be revisited), and the next one too, whose draft cost is learned from. Each
+    exploration doubles the interval to the next, up to
     ``EXPLORE_BACKOFF`` times ``explore_every``, and a step that drafts by choice resets it: where drafting does not
     pay, an exploring step is the most expensive step of the call (its draft first catches up on every token the
     plain steps emitted, and rows that kept a draft then finish ahead of the rest), and at one in 16 steps it cost
@@ -209,6 +210,7 @@ class CostOptimalLength(DraftLengthPolicy):
         # [plain step, drafting step], None until a step of the kind is observed
         self.plain_observed = 0  # plain decode steps whose timings were learned from
         self.explore_interval = explore_every  # plain steps in a row before one drafts to explore
+        self.explore_again = False  # the next step is an exploration's second
         self.learned_draft_step = 0.0  # seconds per drafted token, for a drafter without a timed model
         self.successes = self.prior_acceptance * self.prior_weight  # weighted accepted positions, all rows
         self.trials = self.prior_weight  # weighted verified positions, all rows
@@ -318,9 +320,15 @@ class CostOptimalLength(DraftLengthPolicy):
 
     def next_k(self) -> int:
         self.ensure_costs(self.rows_fed)
-        if self.plain_steps + 1 >= self.explore_interval:  # one draft now and then keeps a and its costs measured
+        explore_now = self.plain_steps + 1 >= self.explore_interval  # keeps a and the costs measured
+        if explore_now or self.explore_again:
+            # Two drafting steps: the first's draft forward catches up on the plain steps' tokens and teaches no
+            # draft cost; the second's does (with one, a draft cost once overestimated was never learned back, and
+            # a batch-1 run decoded a third of its steps plain).
             k = 1
-            self.explore_interval = min(2 * self.explore_interval, EXPLORE_BACKOFF * self.explore_every)
+            self.explore_again = explore_now
+            if explore_now:
+                self.explore_interval = min(2 * self.explore_interval, EXPLORE_BACKOFF * self.explore_every)
         elif self.plain_observed < PLAIN_SAMPLES and not self.first_step:  # a plain step's overhead, measured once
             k = 0
         else:

@@ -240,16 +240,29 @@ def test_cost_optimal_learns_the_machine_from_step_timings():
 def test_cost_optimal_explores_ever_more_rarely_where_drafting_does_not_pay_and_often_again_once_it_does():
     policy = CostOptimalLength(k_max=4, prior_acceptance=0.05, costs=costs_growing(per_token=1.0), explore_every=5)
     ks = []
-    for _ in range(5 + 10 + 20 + 40 + 80 + 80):
+    for _ in range(245):
         ks.append(policy.next_k())
         policy.observe(outcome(ks[-1], [0, 0]))
     explored = [step + 1 for step, k in enumerate(ks) if k]  # the steps that drafted, counted from 1
-    assert explored == [5, 15, 35, 75, 155, 235]  # 5 apart, then 10, 20, 40, then 80 = 16 x 5 at most
+    # Two drafting steps each time (the second's draft cost is learned), after 4 plain steps, then 9, 19, 39, and
+    # at most 79 (the interval 80 = 16 x 5).
+    assert explored == [5, 6, 16, 17, 37, 38, 78, 79, 159, 160, 240, 241]
     policy.costs = costs_growing(per_token=0.0, draft=0.0)  # verification now free, and the rows keep every draft
     for _ in range(100):
         k = policy.next_k()
         policy.observe(outcome(k, [k, k]))
-    assert ks.count(1) == 6 and all(policy.chosen_k[-10:]) and policy.explore_interval == 5
+    assert ks.count(1) == 12 and all(policy.chosen_k[-10:]) and policy.explore_interval == 5
+
+
+def test_cost_optimal_learns_an_overestimated_draft_cost_back_while_it_only_explores():
+    """A draft cost once measured 5 times too high (a disturbed step) makes drafting look unprofitable; only the
+    exploring steps draft then, and the second of each teaches the draft's true cost back."""
+    policy = CostOptimalLength(k_max=4, costs=costs_growing(per_token=0.0, draft=0.5), explore_every=4)
+    policy.draft_scale = 5.0
+    for _ in range(400):
+        k = policy.next_k()
+        policy.observe(outcome(k, [k, k], draft_seconds=0.5 * k, target_seconds=1.0))
+    assert policy.draft_scale == pytest.approx(1.0, rel=0.05) and policy.chosen_k[-1] > 1
 
 
 def test_cost_optimal_without_costs_or_a_decoder_says_what_it_needs():
