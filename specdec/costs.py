@@ -7,8 +7,9 @@ A step of the loop over B batch rows, drafting a chain of k tokens, costs
 
 where verify(B, n) is the target's forward of n tokens per row over a cached context (a chain's verification feeds
 the root and its k drafts; a plain decode step, k = 0, feeds 1), draft(B, n) the draft's forward of n tokens per
-row (a step's first catches up on two tokens, ``CostModel.draft_chain``), and overhead the loop's own time per step beyond its forwards. A token tree of N nodes is verified in one
-forward of N + 1 tokens under a tree mask (``target_tree``), drafted level by level (``draft_tree``). The cost grows
+row (a step's first catches up on two tokens, ``CostModel.draft_chain``), and overhead the loop's own time per
+step beyond its forwards. A token tree of N nodes is verified in one forward of N + 1 tokens under a tree mask
+(``target_tree``), drafted level by level (``draft_tree``). The cost grows
 with the tokens a forward computes, B (k + 1): flat while the forward is bound by reading the weights, steeply once
 it is bound by compute, which is why long drafts stop paying at large batches.
 
@@ -215,8 +216,8 @@ def measure_costs(target: torch.nn.Module, draft: torch.nn.Module | None, batch_
     """The chain costs of ``target`` drafted by ``draft`` (None: no model to time) for batches of up to
     ``batch_size`` rows and drafts of up to ``k_max`` tokens: the target's forward of every width 1..k_max + 1
     tokens per row (interpolating between widths would hide the dips ``measure_table`` keeps) and the draft's of
-    one and two (``CostModel.draft_chain``), at ``doubling_rows(batch_size)`` rows. A second or two for the embedded pair on a CPU at batch 1, a few
-    at batch 64."""
+    one and two (``CostModel.draft_chain``), at ``doubling_rows(batch_size)`` rows. A second or two for the
+    embedded pair on a CPU at batch 1, more at larger batches."""
     rows = doubling_rows(batch_size)
     weight = next(target.parameters())
     setting = f"{weight.device.type}, {str(weight.dtype).removeprefix('torch.')}"
