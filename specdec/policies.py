@@ -132,9 +132,10 @@ class CostOptimalLength(DraftLengthPolicy):
     drafts k over the B' rows the forwards compute (``specdec.costs``): k draft forwards (the first catching up on
     two tokens), the target's verification of k + 1 tokens per row, and the loop's overhead. tail(k) is each step's
     share of the steps the batch's last row adds: drafting makes the rows' progress uneven (sd s_k of a row's tokens
-    per step), a call lasts until its last row is done, and with R tokens left to the row furthest behind, the slowest of R' generating rows needs
-    about z(R') s_k sqrt(R / m_k) / m_k steps more than the mean row (m_k its mean tokens per step, z(R') the
-    expected largest of R' standard normals; 0 for one row), each run by the few rows left, step(1, k):
+    per step), a call lasts until its last row is done, and with R tokens left to the row furthest behind, the
+    slowest of R' generating rows needs about z(R') s_k sqrt(R / m_k) / m_k steps more than the mean row (m_k its
+    mean tokens per step, z(R') the expected largest of R' standard normals; 0 for one row), each run by the few
+    rows left, step(1, k):
 
         tail(k) = z(R') s_k step(1, k) / sqrt(R m_k)
 
