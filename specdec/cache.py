@@ -28,6 +28,8 @@ always runs eager.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -98,6 +100,25 @@ def context_limit(model: torch.nn.Module) -> int | None:
 
 def device_is_cuda(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda"
+
+
+@contextmanager
+def graph_capture(graph: torch.cuda.CUDAGraph) -> Iterator[None]:
+    """Capture the work run inside into ``graph``, its matrix products given a workspace of the graph's own.
+
+    cuBLAS keeps one workspace per stream and reuses it; a capture bakes the workspace's address into the graph.
+    One made before the capture (an eager product on the capture stream, or another graph's capture: every
+    ``torch.cuda.graph`` captures on the same stream) is freed by whoever clears the workspaces next, and
+    torch.compile's own CUDA graphs clear them at every recording: a replay then writes where nothing is allocated,
+    the likely cause of the illegal memory access in the H200 suite's first replay after transformers' compiled
+    methods had run. Cleared before and after, as ``torch._inductor.cudagraph_trees`` does, the capture allocates
+    its workspace in the graph's private pool, which lives as long as the graph."""
+    torch._C._cuda_clearCublasWorkspaces()
+    try:
+        with torch.cuda.graph(graph):
+            yield
+    finally:
+        torch._C._cuda_clearCublasWorkspaces()
 
 
 class KVCache:

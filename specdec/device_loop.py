@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from specdec.cache import adopted, static_capacity
+from specdec.cache import adopted, graph_capture, static_capacity
 from specdec.emit import GenerationOutput, check_flags
 from specdec.layout import Proposal, VerifyLayout
 from specdec.step import DecodeRun
@@ -187,7 +187,7 @@ class DeviceRun(DecodeRun):
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
         graph.register_generator_state(self.generator)
-        with torch.cuda.graph(graph):
+        with graph_capture(graph):
             flags = self.device_step()
 
         def replay() -> torch.Tensor:

@@ -12,7 +12,7 @@ import statistics
 
 import torch
 
-from specdec.cache import CachedModel, KVCache, static_capacity
+from specdec.cache import CachedModel, KVCache, graph_capture, static_capacity
 from specdec.context import CachedContext
 from specdec.layout import TreeLayout, VerifyLayout
 from specdec.timing import Clock
@@ -84,7 +84,7 @@ def captured_replay(step, device: torch.device):
         step()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with graph_capture(graph):
         step()
     return graph.replay
 

@@ -1,5 +1,6 @@
 """The GPU suite's preflight: the device step proven on this device before any figure relies on it. Its checks
-are the device step's own: greedy calls on a fresh and on a kept capture emit the host loop's tokens, and the
+are the device step's own: greedy calls on a fresh and on a kept capture emit the host loop's tokens (a kept one
+also after the matrix products' workspaces were cleared, as torch.compile's CUDA graphs clear them), and the
 captures and replays are those its program counts (``DeviceProgram.num_captured``, ``num_replayed``); nothing of
 torch is patched."""
 
@@ -63,6 +64,8 @@ def preflight_checks(plan: SuitePlan) -> list[dict]:
     rows = [check_row("the device step is chosen", on_device.steps_on_device,
                       "Decoder(compile=..., step='device') runs it" if on_device.steps_on_device else "not chosen")]
     counting = device.type == "cuda"  # elsewhere the step runs its Python each time: nothing is captured
+    if counting:
+        leave_a_foreign_workspace(device)
     for capture, (ids, mask) in zip(("fresh", "kept"), batches):
         before = graph_counts(on_device)
         tokens = on_device.generate(ids, mask, max_new_tokens=16).tokens
@@ -74,6 +77,14 @@ def preflight_checks(plan: SuitePlan) -> list[dict]:
             wanted = 1 if capture == "fresh" else 0
             rows.append(check_row(f"greedy on a {capture} capture: {wanted} capture(s), replays",
                                   captures == wanted and replays > 0, f"{captures} capture(s), {replays} replay(s)"))
+    if counting:
+        ids, mask = batches[1]
+        clear_workspaces_as_compiled_graphs_do(device)
+        tokens = on_device.generate(ids, mask, max_new_tokens=16).tokens
+        expected = host.generate(ids, mask, max_new_tokens=16).tokens
+        rows.append(check_row("greedy on a kept capture after the matrix products' workspaces were cleared (as "
+                              "torch.compile's CUDA graphs clear them): the host loop's tokens", tokens == expected,
+                              token_difference(tokens, expected)))
     ids, mask = batches[0]
     seeded = decoder(sampled)
     before = graph_counts(seeded)
@@ -90,6 +101,25 @@ def preflight_checks(plan: SuitePlan) -> list[dict]:
                               f"{captures} capture(s), {replays} replay(s)"))
     release(on_device, seeded)
     return rows
+
+
+def leave_a_foreign_workspace(device: torch.device) -> None:
+    """What an earlier program leaves behind on the capture stream (every ``torch.cuda.graph`` captures on one): a
+    matrix product captured in a graph of its own, then dropped, whose cuBLAS workspace a later capture would reuse
+    unless it clears the workspaces first (``specdec.cache.graph_capture``)."""
+    square = torch.ones(256, 256, device=device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        square @ square
+
+
+def clear_workspaces_as_compiled_graphs_do(device: torch.device) -> None:
+    """What torch.compile's CUDA graphs do at each recording (``clear_cublass_cache``), then the freed memory handed
+    back to the driver: a captured step whose matrix products use a workspace it does not own now writes where
+    nothing is allocated."""
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
 
 
 def graph_counts(decoder: specdec.Decoder) -> tuple[int, int]:
