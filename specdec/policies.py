@@ -210,8 +210,7 @@ class CostOptimalLength(DraftLengthPolicy):
         self.costs = costs
         self.measure: Callable[[int], CostModel] | None = None  # set by ``bind``: times the models at a batch size
         self.target_scale = self.draft_scale = 1.0  # measured / modelled seconds of each model's forwards
-        # (rows, k) -> measured / modelled seconds of verifying k drafts over that many rows, where timed
-        self.width_scales: dict[tuple[int, int], float] = {}
+        self.width_scales: dict[int, float] = {}  # k -> measured / modelled seconds of verifying k drafts, where timed
         self.overheads: list[float | None] = [None, None]  # the loop's seconds per step beyond its forwards:
         # [plain step, drafting step], None until a step of the kind is observed
         self.plain_observed = 0  # plain decode steps whose timings were learned from
@@ -285,7 +284,7 @@ class CostOptimalLength(DraftLengthPolicy):
         """The model's seconds of a step's forwards at ``rows`` rows drafting k, with the online corrections."""
         verify, drafts = self.table_seconds(rows)
         draft = k * self.learned_draft_step if drafts is None else self.draft_scale * drafts[k]
-        return draft + self.width_scales.get((rows, k), self.target_scale) * verify[k]
+        return draft + self.width_scales.get(k, self.target_scale) * verify[k]
 
     def step_seconds(self, k: int, rows: int) -> float:
         return self.forward_seconds(k, rows) + self.overhead(k)
@@ -323,17 +322,14 @@ class CostOptimalLength(DraftLengthPolicy):
             steady = self.rates(torch.full_like(acceptances, self.acceptance), rows)
             if max(steady[1:]) <= steady[0] * (1 + self.margin):
                 return 0
-        return self.untried(rates, best, rows) or k
+        return self.untried(rates, best) or k
 
-    def untried(self, rates: list[float], best: float, rows: int) -> int | None:
+    def untried(self, rates: list[float], best: float) -> int | None:
         """The best-rated k >= 1 whose verification was never timed, where its modelled rate is within
         ``TRY_MARGIN`` of the best: one step tries it, so that a width the table prices too high is measured once
-        rather than avoided for good; at the call's full batch only (the rows left at a call's end change every step).
-        None where there is none."""
-        if rows != self.call_rows:
-            return None
+        rather than avoided for good. None where there is none."""
         near = [k for k in range(1, self.k_max + 1)
-                if (rows, k) not in self.width_scales and rates[k] >= best * (1 - TRY_MARGIN)]
+                if k not in self.width_scales and rates[k] >= best * (1 - TRY_MARGIN)]
         return max(near, key=rates.__getitem__) if near else None
 
     def next_k(self) -> int:
@@ -404,19 +400,14 @@ class CostOptimalLength(DraftLengthPolicy):
         self.modelled.append(self.pending_model)
         self.measured.append(wall)
         forwards = outcome.draft_seconds + outcome.target_seconds
-        drafted_before = len(self.chosen_k) >= 2 and self.chosen_k[-2] > 0
-        # A switch between plain and drafting steps costs the target too (at batch 16, T = 1, a plain step right
-        # after a drafting step took 19-22 ms where one after a plain step took 15.8): a cost of switching, not of
-        # the k verified. Learned as the plain step's price, it made the plain loop look 22% dearer than it ran, and
-        # the policy drafted where not drafting was faster.
-        steady = drafted_before == (k > 0)
-        if steady and math.isfinite(outcome.target_seconds) and outcome.target_seconds > 0:
+        if math.isfinite(outcome.target_seconds) and outcome.target_seconds > 0:
             observed = outcome.target_seconds / self.table_seconds(rows)[0][k]
-            self.learn_width_scale(rows, k, observed)
+            self.learn_width_scale(k, observed)
             self.target_scale = COST_DECAY * self.target_scale + (1 - COST_DECAY) * observed
         # After a plain step the draft's first forward also catches up on the tokens the plain steps emitted (or on
         # the prompt): a cost of switching, not of drafting k (learned from it, one exploring step at batch 16 made
         # every drafted token look 2.4x its price, and the policy stopped drafting where k = 2 paid 14%).
+        drafted_before = len(self.chosen_k) >= 2 and self.chosen_k[-2] > 0
         if k and drafted_before and math.isfinite(outcome.draft_seconds) and outcome.draft_seconds > 0:
             if costs.draft is None:
                 per_token = outcome.draft_seconds / k
@@ -431,15 +422,13 @@ class CostOptimalLength(DraftLengthPolicy):
         self.overheads[kind] = overhead if known is None else COST_DECAY * known + (1 - COST_DECAY) * overhead
         self.plain_observed += k == 0
 
-    def learn_width_scale(self, rows: int, k: int, observed: float) -> None:
-        """Correct the table's verification of k drafts over ``rows`` rows by its own timings. One scale for every
-        width left a width the start-up table mismeasured wrong for good, and the choice with it (in one process the
-        policy drafted 1 and 3 where 2 decoded fastest, in another 2). One per width for every row count learned the
-        plain step's from the few rows left at the calls' ends and priced it 25% high at 64 rows, where the policy
-        then drafted and lost 18%. The first timing counts half against the scale of all, so that one disturbed
-        step does not decide it."""
-        known = self.width_scales.get((rows, k))
-        self.width_scales[rows, k] = (self.target_scale + observed) / 2 if known is None else \
+    def learn_width_scale(self, k: int, observed: float) -> None:
+        """Correct the table's verification of k drafts by its own timings: one scale for every width (as before)
+        left a width the start-up table mismeasured wrong for good, and the choice with it (in one process the
+        policy drafted 1 and 3 where 2 decoded fastest, in another 2). The first timing of a width counts half
+        against the scale of all widths, so that one disturbed step does not decide it."""
+        known = self.width_scales.get(k)
+        self.width_scales[k] = (self.target_scale + observed) / 2 if known is None else \
             COST_DECAY * known + (1 - COST_DECAY) * observed
 
     def select_rows(self, index: torch.Tensor) -> None:
