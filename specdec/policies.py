@@ -119,7 +119,6 @@ class ConfidenceLength(DraftLengthPolicy):
 
 TIE_TOLERANCE = 1e-9  # relative: predicted rates closer than this count as equal
 COST_DECAY = 0.8  # per-step forgetting factor of the online corrections to the cost model
-TRY_MARGIN = 0.2  # relative: a k whose verification was never timed is tried once where its rate is this near the best
 PLAIN_SAMPLES = 3  # plain steps a drafting policy takes once, so that a plain step's overhead is measured too
 EXPLORE_BACKOFF = 16  # the interval between exploring drafts doubles up to this many times explore_every
 
@@ -159,14 +158,12 @@ class CostOptimalLength(DraftLengthPolicy):
     the target's forward of 1..k_max + 1 tokens per row and the draft's of one, at 1, 2, 4, ... rows (a second or
     two for the embedded pair on a CPU, in the first call). A drafter without a single causal LM to time (n-gram,
     EAGLE and Medusa heads) has its cost per drafted token learned from the steps instead. The model is then
-    corrected online from the step timings the loop takes: the target's measured over modelled seconds for each k
-    verified (a k never verified takes the scale of all, and one whose rate is within ``TRY_MARGIN`` of the best is
-    tried once), the draft's measured over modelled, and the loop's overhead per step as the step's wall time
-    beyond its forwards, apart for plain and for drafting steps (a drafting step also runs the acceptance rule,
-    sampling's included: at T = 1 and batch 16, one overhead for both made k = 1 look faster than the plain loop,
-    which it was not), each an exponentially weighted mean (``COST_DECAY`` per step) started at its first
-    observation. So that both overheads are measured, a policy that drafts takes ``PLAIN_SAMPLES`` plain steps once,
-    early in its first call. These corrections describe the machine, and
+    corrected online from the step timings the loop takes: the target's and the draft's measured over modelled
+    seconds, and the loop's overhead per step as the step's wall time beyond its forwards, apart for plain and for
+    drafting steps (a drafting step also runs the acceptance rule, sampling's included: at T = 1 and batch 16, one
+    overhead for both made k = 1 look faster than the plain loop, which it was not), each an exponentially weighted
+    mean (``COST_DECAY`` per step) started at its first observation. So that both are measured, a policy that
+    drafts takes ``PLAIN_SAMPLES`` plain steps once, early in its first call. These corrections describe the machine, and
     the batch's acceptance the pair on its data: both carry across calls (the prior seeds the first), so a call
     does not start by drafting from the prior again; each call's rows start from the batch's acceptance.
 
@@ -210,7 +207,6 @@ class CostOptimalLength(DraftLengthPolicy):
         self.costs = costs
         self.measure: Callable[[int], CostModel] | None = None  # set by ``bind``: times the models at a batch size
         self.target_scale = self.draft_scale = 1.0  # measured / modelled seconds of each model's forwards
-        self.width_scales: dict[int, float] = {}  # k -> measured / modelled seconds of verifying k drafts, where timed
         self.overheads: list[float | None] = [None, None]  # the loop's seconds per step beyond its forwards:
         # [plain step, drafting step], None until a step of the kind is observed
         self.plain_observed = 0  # plain decode steps whose timings were learned from
@@ -272,8 +268,8 @@ class CostOptimalLength(DraftLengthPolicy):
         """The cost model's verification of k = 0..k_max drafts and their draft forwards (``draft_chain``; None: no
         draft table) at ``rows`` rows, looked up once per row count and cost model."""
         costs = self.costs
-        if self.looked_up_in is not costs:  # a new table: its widths' errors are its own
-            self.looked_up, self.looked_up_in, self.width_scales = {}, costs, {}
+        if self.looked_up_in is not costs:
+            self.looked_up, self.looked_up_in = {}, costs
         if rows not in self.looked_up:
             self.looked_up[rows] = ([costs.verify(k, rows) for k in range(self.k_max + 1)],
                                     [costs.draft_chain(k, rows) for k in range(self.k_max + 1)]
@@ -284,7 +280,7 @@ class CostOptimalLength(DraftLengthPolicy):
         """The model's seconds of a step's forwards at ``rows`` rows drafting k, with the online corrections."""
         verify, drafts = self.table_seconds(rows)
         draft = k * self.learned_draft_step if drafts is None else self.draft_scale * drafts[k]
-        return draft + self.width_scales.get(k, self.target_scale) * verify[k]
+        return draft + self.target_scale * verify[k]
 
     def step_seconds(self, k: int, rows: int) -> float:
         return self.forward_seconds(k, rows) + self.overhead(k)
@@ -318,19 +314,10 @@ class CostOptimalLength(DraftLengthPolicy):
         rates = self.rates(acceptances, rows)
         best = max(rates[1:])
         k = min(k for k in range(1, self.k_max + 1) if rates[k] >= best * (1 - TIE_TOLERANCE))
-        if rates[k] <= rates[0] * (1 + self.margin):
-            steady = self.rates(torch.full_like(acceptances, self.acceptance), rows)
-            if max(steady[1:]) <= steady[0] * (1 + self.margin):
-                return 0
-        return self.untried(rates, best) or k
-
-    def untried(self, rates: list[float], best: float) -> int | None:
-        """The best-rated k >= 1 whose verification was never timed, where its modelled rate is within
-        ``TRY_MARGIN`` of the best: one step tries it, so that a width the table prices too high is measured once
-        rather than avoided for good. None where there is none."""
-        near = [k for k in range(1, self.k_max + 1)
-                if k not in self.width_scales and rates[k] >= best * (1 - TRY_MARGIN)]
-        return max(near, key=rates.__getitem__) if near else None
+        if rates[k] > rates[0] * (1 + self.margin):
+            return k
+        steady = self.rates(torch.full_like(acceptances, self.acceptance), rows)
+        return k if max(steady[1:]) > steady[0] * (1 + self.margin) else 0
 
     def next_k(self) -> int:
         self.ensure_costs(self.rows_fed)
@@ -402,7 +389,6 @@ class CostOptimalLength(DraftLengthPolicy):
         forwards = outcome.draft_seconds + outcome.target_seconds
         if math.isfinite(outcome.target_seconds) and outcome.target_seconds > 0:
             observed = outcome.target_seconds / self.table_seconds(rows)[0][k]
-            self.learn_width_scale(k, observed)
             self.target_scale = COST_DECAY * self.target_scale + (1 - COST_DECAY) * observed
         # After a plain step the draft's first forward also catches up on the tokens the plain steps emitted (or on
         # the prompt): a cost of switching, not of drafting k (learned from it, one exploring step at batch 16 made
@@ -421,15 +407,6 @@ class CostOptimalLength(DraftLengthPolicy):
         known = self.overheads[kind]
         self.overheads[kind] = overhead if known is None else COST_DECAY * known + (1 - COST_DECAY) * overhead
         self.plain_observed += k == 0
-
-    def learn_width_scale(self, k: int, observed: float) -> None:
-        """Correct the table's verification of k drafts by its own timings: one scale for every width (as before)
-        left a width the start-up table mismeasured wrong for good, and the choice with it (in one process the
-        policy drafted 1 and 3 where 2 decoded fastest, in another 2). The first timing of a width counts half
-        against the scale of all widths, so that one disturbed step does not decide it."""
-        known = self.width_scales.get(k)
-        self.width_scales[k] = (self.target_scale + observed) / 2 if known is None else \
-            COST_DECAY * known + (1 - COST_DECAY) * observed
 
     def select_rows(self, index: torch.Tensor) -> None:
         index = index.cpu()

@@ -265,36 +265,6 @@ def test_cost_optimal_learns_an_overestimated_draft_cost_back_while_it_only_expl
     assert policy.draft_scale == pytest.approx(1.0, rel=0.05) and policy.chosen_k[-1] > 1
 
 
-def decode_on_a_machine(policy, true_verify: dict[int, float], steps: int) -> list[int]:
-    """Run the policy over ``steps`` steps of one row that keeps every draft, each verification of k drafts taking
-    ``true_verify[k]`` seconds whatever the policy's table says (drafting costs nothing); the k it chose."""
-    for _ in range(steps):
-        k = policy.next_k()
-        policy.observe(outcome(k, [k], draft_seconds=0.0, target_seconds=true_verify[k]))
-    return policy.chosen_k
-
-
-def test_cost_optimal_corrects_each_widths_cost_from_its_own_timings():
-    """The start-up table prices verifying 4 drafts at 1.8 s; it takes 3.0 s, and verifying 3 is then the fastest
-    per token. One scale for every width would keep drafting 4; each width's own scale moves to 3."""
-    table = {1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6, 5: 1.8}  # width (k + 1) -> seconds
-    costs = CostModel(CostTable.of_widths(table), CostTable.of_widths({1: 0.0, 2: 0.0}))
-    truth = {k: table[k + 1] for k in range(4)} | {4: 3.0}
-    chosen = decode_on_a_machine(CostOptimalLength(k_max=4, costs=costs), truth, 80)
-    assert 4 in chosen[:10] and chosen[-30:] == [3] * 30
-
-
-def test_cost_optimal_tries_once_a_width_its_table_prices_too_high():
-    """The table prices verifying 3 drafts at 1.9 s, so 2 drafts look best; in truth 3 take 1.2 s and are the
-    fastest per token. A width within ``TRY_MARGIN`` of the best rate that was never timed is tried once, and kept."""
-    table = {1: 1.0, 2: 1.2, 3: 1.4, 4: 1.9, 5: 2.4}
-    costs = CostModel(CostTable.of_widths(table), CostTable.of_widths({1: 0.0, 2: 0.0}))
-    truth = {k: table[k + 1] for k in range(5)} | {3: 1.2}
-    policy = CostOptimalLength(k_max=4, costs=costs)
-    chosen = decode_on_a_machine(policy, truth, 80)
-    assert chosen[-30:] == [3] * 30 and policy.width_scales[3] < 0.9
-
-
 def test_cost_optimal_without_costs_or_a_decoder_says_what_it_needs():
     with pytest.raises(ValueError, match="has no costs"):
         CostOptimalLength().next_k()
