@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import specdec
 from conftest import hf_greedy, left_pad, random_prompts
+from specdec.device_loop import DeviceRun
 from specdec.testing import check_lossless
 
 
@@ -103,3 +106,47 @@ def test_what_cannot_run_on_the_device_is_refused_in_one_line(target, draft):
             specdec.Decoder(target, drafter, step="device", **options)
     assert specdec.Decoder(target, specdec.ModelDrafter(draft), compile=True).device_program is not None
     assert specdec.Decoder(target, specdec.NGramDrafter(), compile=True).device_program is None  # auto: host
+
+
+class StepReads(TorchDispatchMode):
+    """Records the storage of every tensor an operation reads or writes, and of every tensor one makes."""
+
+    def __init__(self):
+        super().__init__()
+        self.touched, self.made = {}, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        inputs = [t for t in tree_leaves((args, kwargs or {})) if isinstance(t, torch.Tensor)]
+        result = func(*args, **(kwargs or {}))
+        before = {storage_of(t) for t in inputs}
+        self.touched.update({storage_of(t): str(func) for t in inputs if t.numel()})
+        self.made.update(storage_of(t) for t in tree_leaves(result)
+                         if isinstance(t, torch.Tensor) and storage_of(t) not in before)
+        return result
+
+
+def storage_of(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("drafted", [True, False], ids=["model-drafter", "baseline"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_captured_step_touches_only_what_its_capture_keeps(target, draft, drafted, temperature):
+    """A CUDA graph replays on the addresses its capture saw, so every tensor the step reads or writes must be the
+    models' parameters, the state a kept capture holds (``device_state``) or made by the step itself: anything else
+    is freed when its call ends and a later call's replay would touch freed memory. Checked on the step a capture
+    records (the first after the shapes settle), on any device."""
+    ids, mask = left_pad(random_prompts([3, 11, 6], seed=5))
+    decoder = specdec.Decoder(target, specdec.ModelDrafter(draft) if drafted else None, specdec.Speculative(),
+                              specdec.FixedLength(3), specdec.SamplingConfig(temperature=temperature), step="device")
+    run = DeviceRun(decoder.device_program, ids, mask, 20, None, 0)
+    run.begin(run.capacity, fixed_shapes=True)
+    run.device_step(first=True)
+    run.device_step()  # the eager step after which a model drafter's shapes have settled
+    reads = StepReads()
+    with reads:
+        run.device_step()
+    kept = {storage_of(t) for model in (target, draft) for t in (*model.parameters(), *model.buffers())}
+    kept |= {storage_of(t) for t in run.device_state().values()}
+    outside = {func for storage, func in reads.touched.items() if storage not in kept | reads.made}
+    assert reads.touched and not outside
