@@ -347,3 +347,44 @@ def test_cost_optimal_prices_a_drafts_first_forward_apart_and_learns_the_same_sc
             policy.observe(outcome(k, [k, k], draft_seconds=2 * costs.draft_chain(k), target_seconds=11.0 + k))
         scales.append(policy.draft_scale)
     assert scales == pytest.approx([2.0, 2.0], rel=1e-3)
+
+
+def test_cost_optimal_tries_a_width_the_table_overprices_once_and_keeps_it_where_it_is_cheaper():
+    """The start-up table is one sample of a cost surface that differs between processes: here it prices 5 tokens
+    per row above 4, where the machine runs them faster. k = 3 wins by the table; k = 4, within 10% of it, is tried
+    once, its width's cost is learned from that step alone (a first timing cheaper than the pooled correction is
+    taken as it is), and k = 4 is drafted from then on."""
+    table = {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.1}
+    costs = CostModel(CostTable.of_widths(table), CostTable.of_widths({1: 0.1, 2: 0.15}))
+
+    def run(machine):
+        policy = CostOptimalLength(k_max=4, prior_acceptance=2 / 3, costs=costs)
+        for _ in range(30):
+            k = policy.next_k()
+            policy.observe(outcome(k, [min(k, 2)], draft_seconds=costs.draft_chain(k), target_seconds=machine[k + 1]))
+        return policy
+    dip = run({**table, 5: 0.9})
+    assert dip.chosen_k[0] == 3 and dip.chosen_k.count(4) >= 20 and dip.chosen_k[-20:] == [4] * 20
+    assert dip.verify_scale(1, 5) == pytest.approx(0.9 / 1.1) and dip.verify_scale(1, 4) == pytest.approx(1.0)
+    as_measured = run(table)  # no dip: k = 4 is tried once and left
+    assert as_measured.chosen_k.count(4) == 1 and as_measured.chosen_k[-20:] == [3] * 20
+
+
+def test_cost_optimal_keeps_a_widths_correction_for_the_rows_it_was_timed_at():
+    """The few rows left at a call's end time the target's forwards apart from the full batch's: what one row's
+    steps teach does not price sixteen rows (pooled, one row's cheap plain steps priced a plain step at 64 rows 25%
+    off, and the policy drafted where it lost 18%)."""
+    costs = costs_growing(per_token=0.01, fixed=1.0, draft=0.1)
+    policy = CostOptimalLength(k_max=4, costs=costs)
+    policy.next_k()
+    policy.observe(outcome(0, [0] * 16, target_seconds=costs.verify(0, 16)))  # the call's first step: not learned
+    for _ in range(20):
+        policy.next_k()
+        policy.chosen_k[-1] = 0
+        policy.observe(outcome(0, [0], target_seconds=0.5 * costs.verify(0, 1)))
+    assert policy.verify_scale(1, 1) == pytest.approx(0.5, rel=1e-3)
+    assert policy.verify_scale(16, 1) == policy.target_scale != policy.verify_scale(1, 1)
+    pooled = policy.target_scale
+    policy.observe(outcome(0, [0] * 16, target_seconds=2.0 * costs.verify(0, 16)))  # dearer than the pooled: weighed
+    assert policy.verify_scale(16, 1) == pytest.approx(0.8 * pooled + 0.2 * 2.0)
+    assert policy.verify_scale(1, 1) == pytest.approx(0.5, rel=1e-3)
