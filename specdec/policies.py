@@ -121,7 +121,6 @@ TIE_TOLERANCE = 1e-9  # relative: predicted rates closer than this count as equa
 COST_DECAY = 0.8  # per-step forgetting factor of the online corrections to the cost model
 PLAIN_SAMPLES = 3  # plain steps a drafting policy takes once, so that a plain step's overhead is measured too
 EXPLORE_BACKOFF = 16  # the interval between exploring drafts doubles up to this many times explore_every
-UNTIMED_WITHIN = 0.1  # a width never timed at a row count is drafted once where predicted within this of the choice
 
 
 class CostOptimalLength(DraftLengthPolicy):
@@ -163,14 +162,8 @@ class CostOptimalLength(DraftLengthPolicy):
     seconds, and the loop's overhead per step as the step's wall time beyond its forwards, apart for plain and for
     drafting steps (a drafting step also runs the acceptance rule, sampling's included: at T = 1 and batch 16, one
     overhead for both made k = 1 look faster than the plain loop, which it was not), each an exponentially weighted
-    mean (``COST_DECAY`` per step) started at its first observation. The target's is kept per verified width and
-    per row count measured (the smallest holding the rows fed), with a pooled one for widths no step has timed
-    there: on a CPU the table is one sample of a cost surface that differs between processes, and one scale for
-    all widths can neither find a dip the table missed nor stop the few rows at a call's end from pricing the full
-    batch. A width never timed at these rows whose rate comes within ``UNTIMED_WITHIN`` of the choice is drafted
-    once (``untimed_rival``), and a first timing cheaper than the pooled correction is taken as it is. So that both
-    overheads are measured, a policy that drafts takes ``PLAIN_SAMPLES`` plain steps once, early in its first
-    call. These corrections describe the machine, and
+    mean (``COST_DECAY`` per step) started at its first observation. So that both are measured, a policy that
+    drafts takes ``PLAIN_SAMPLES`` plain steps once, early in its first call. These corrections describe the machine, and
     the batch's acceptance the pair on its data: both carry across calls (the prior seeds the first), so a call
     does not start by drafting from the prior again; each call's rows start from the batch's acceptance.
 
@@ -214,8 +207,6 @@ class CostOptimalLength(DraftLengthPolicy):
         self.costs = costs
         self.measure: Callable[[int], CostModel] | None = None  # set by ``bind``: times the models at a batch size
         self.target_scale = self.draft_scale = 1.0  # measured / modelled seconds of each model's forwards
-        self.width_scales: dict[tuple[int, int], float] = {}  # the target's measured / modelled seconds by
-        # (rows measured at or above the rows fed, tokens per row), where steps have timed that forward
         self.overheads: list[float | None] = [None, None]  # the loop's seconds per step beyond its forwards:
         # [plain step, drafting step], None until a step of the kind is observed
         self.plain_observed = 0  # plain decode steps whose timings were learned from
@@ -289,31 +280,7 @@ class CostOptimalLength(DraftLengthPolicy):
         """The model's seconds of a step's forwards at ``rows`` rows drafting k, with the online corrections."""
         verify, drafts = self.table_seconds(rows)
         draft = k * self.learned_draft_step if drafts is None else self.draft_scale * drafts[k]
-        return draft + self.verify_scale(rows, k + 1) * verify[k]
-
-    def row_bucket(self, rows: int) -> int:
-        """The smallest row count the cost table was measured at that holds ``rows`` (its largest beyond them): the
-        rows a width's correction is kept for, so that the few rows left at a call's end do not price the full
-        batch."""
-        measured = self.costs.target.rows
-        return next((r for r in measured if r >= rows), measured[-1])
-
-    def verify_scale(self, rows: int, width: int) -> float:
-        """The target's correction for a forward of ``width`` tokens per row at ``rows`` rows: learned from steps
-        that timed it, else the one learned from every step."""
-        return self.width_scales.get((self.row_bucket(rows), width), self.target_scale)
-
-    def untimed_rival(self, k: int, acceptances: torch.Tensor, rows: int) -> int:
-        """The k > 0 of the highest predicted rate among those whose verification width no step has timed at these
-        rows and whose rate is within ``UNTIMED_WITHIN`` of k's; k where there is none. The start-up table is one
-        sample of a cost surface that differs between processes on a CPU (the embedded target's one-row forward
-        of 5 tokens took 8 ms in some processes, 11 ms in others, and within a process at some cache lengths):
-        a width the table overprices is never drafted, and so never corrected, unless it is tried once."""
-        rates = self.rates(acceptances, rows)
-        bucket = self.row_bucket(rows)
-        untimed = [j for j in range(1, self.k_max + 1)
-                   if (bucket, j + 1) not in self.width_scales and rates[j] >= (1 - UNTIMED_WITHIN) * rates[k]]
-        return max(untimed, key=lambda j: rates[j]) if untimed else k
+        return draft + self.target_scale * verify[k]
 
     def step_seconds(self, k: int, rows: int) -> float:
         return self.forward_seconds(k, rows) + self.overhead(k)
@@ -366,10 +333,8 @@ class CostOptimalLength(DraftLengthPolicy):
         elif self.plain_observed < PLAIN_SAMPLES and not self.first_step:  # a plain step's overhead, measured once
             k = 0
         else:
-            acceptances = self.row_acceptances()
-            k = self.best_k(acceptances, self.rows_fed)
+            k = self.best_k(self.row_acceptances(), self.rows_fed)
             if k:
-                k = self.untimed_rival(k, acceptances, self.rows_fed)
                 self.explore_interval = self.explore_every
         self.plain_steps = 0 if k else self.plain_steps + 1
         self.chosen_k.append(k)
@@ -385,7 +350,6 @@ class CostOptimalLength(DraftLengthPolicy):
             raise ValueError("CostOptimalLength has no costs: give costs=specdec.costs.CostModel(...), or run it in a "
                              "specdec.Decoder, which shows it the models to measure")
         self.costs = self.measure(rows)
-        self.width_scales = {}  # corrections of the table they were learned against
 
     def observe(self, outcome: StepOutcome) -> None:
         if self.costs is None:  # never asked for a k (a loop that does not speculate): nothing to learn
@@ -425,11 +389,6 @@ class CostOptimalLength(DraftLengthPolicy):
         forwards = outcome.draft_seconds + outcome.target_seconds
         if math.isfinite(outcome.target_seconds) and outcome.target_seconds > 0:
             observed = outcome.target_seconds / self.table_seconds(rows)[0][k]
-            key = (self.row_bucket(rows), k + 1)
-            known = self.width_scales.get(key)
-            if known is None:  # a width's first timing: taken where it is cheaper than the pooled correction (load
-                known = min(self.target_scale, observed)  # only adds time, and a width tried once must show its dip)
-            self.width_scales[key] = COST_DECAY * known + (1 - COST_DECAY) * observed
             self.target_scale = COST_DECAY * self.target_scale + (1 - COST_DECAY) * observed
         # After a plain step the draft's first forward also catches up on the tokens the plain steps emitted (or on
         # the prompt): a cost of switching, not of drafting k (learned from it, one exploring step at batch 16 made
