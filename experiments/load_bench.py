@@ -15,11 +15,23 @@ The table gives each policy's speedup over the plain loop on the same calls (tok
 interval over calls, paired), its tokens per target call, and cost_optimal's steps by k; then, per batch size and
 temperature, cost_optimal against the best fixed k (k = 0 included) and against the heuristic, with the issue's
 targets (issue 46: within 3% of the best fixed k, never below 0.97x, above the heuristic at batch 16 and more).
+
+On a CPU the forwards' costs differ between processes (the embedded target's one-row forward of 5 tokens took 8 ms
+in some and 11 ms in others: docs/load.md), so one process is one draw of the machine. ``--processes N`` runs the
+bench in N fresh processes one after another (``<out>/process-<i>``) and pools their calls: each process's calls
+stay paired with its own plain loop's, the tables are of all calls together, and the verdict lists each process's
+cost_optimal / best beside the pooled one.
+
+    python -m experiments.load_bench --processes 3
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -72,29 +84,53 @@ def check_greedy_equal(tallies: dict) -> None:
             raise AssertionError(f"policy {name}: greedy tokens differ from the plain loop's on the same prompts")
 
 
-def paired_speedup(tally, base) -> tuple[float, float, float]:
-    """Tokens/s of ``tally`` over ``base``'s on the same calls, with its 95% interval from resampling the calls."""
-    values = np.array([[sum(map(len, out)), seconds, sum(map(len, base_out)), base_seconds]
-                       for out, seconds, base_out, base_seconds
-                       in zip(tally.outputs, tally.call_seconds, base.outputs, base.call_seconds)])  # [calls, 4]
+@dataclass
+class Calls:
+    """One policy's timed calls at one batch size and temperature: the tokens and seconds of each call, in order
+    (paired by position with the plain loop's), and its steps summed. What the tables are computed from and what
+    ``--processes`` pools."""
+
+    tokens: list[int]
+    seconds: list[float]
+    emitted: int  # tokens the steps emitted, over target calls for tokens per target call
+    target_calls: int
+    steps_by_k: list[int]  # decode steps by the k they drafted, summed over rows and calls
+
+    @classmethod
+    def of(cls, tally) -> Calls:
+        steps = [sum(column) for column in zip(*[stats.totals.steps_by_k for stats in tally.stats])]
+        return cls([sum(map(len, out)) for out in tally.outputs], list(tally.call_seconds),
+                   sum(stats.emitted for stats in tally.stats), sum(stats.target_calls for stats in tally.stats), steps)
+
+    def joined(self, other: Calls) -> Calls:
+        """These calls and ``other``'s (another process's, the same policy and setting) as one run."""
+        width = max(len(self.steps_by_k), len(other.steps_by_k))
+        steps = [sum(steps[k] for steps in (self.steps_by_k, other.steps_by_k) if k < len(steps))
+                 for k in range(width)]
+        return Calls(self.tokens + other.tokens, self.seconds + other.seconds, self.emitted + other.emitted,
+                     self.target_calls + other.target_calls, steps)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(self.tokens) / sum(self.seconds)
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        return self.emitted / self.target_calls
+
+
+def paired_speedup(calls: Calls, base: Calls) -> tuple[float, float, float]:
+    """Tokens/s of ``calls`` over ``base``'s on the same calls, with its 95% interval from resampling the calls."""
+    values = np.array([calls.tokens, calls.seconds, base.tokens, base.seconds], dtype=float).T  # [calls, 4]
     point = (values[:, 0].sum() / values[:, 1].sum()) / (values[:, 2].sum() / values[:, 3].sum())
     totals = bootstrap_totals(values)  # [samples, 4]
     low, high = interval((totals[:, 0] / totals[:, 1]) / (totals[:, 2] / totals[:, 3]))
     return point, low, high
 
 
-def steps_by_k(tally) -> list[int]:
-    """Decode steps by the k they drafted, summed over rows and calls."""
-    columns = [stats.totals.steps_by_k for stats in tally.stats]
-    return [sum(column) for column in zip(*columns)]
-
-
-def tokens_per_call(tally) -> float:
-    return sum(stats.emitted for stats in tally.stats) / sum(stats.target_calls for stats in tally.stats)
-
-
-def measure_load(pair: Pair, batch_size: int, temperature: float, args: argparse.Namespace, clock: Clock) -> dict:
-    """Every policy on the same calls at one batch size and temperature: the per-policy rows and the verdict."""
+def measure_load(pair: Pair, batch_size: int, temperature: float, args: argparse.Namespace,
+                 clock: Clock) -> dict[str, Calls]:
+    """Every policy on the same calls at one batch size and temperature, greedy tokens checked: each one's calls."""
     methods = {name: policy_method(pair, policy, temperature, args.max_new_tokens)
                for name, policy in policies(args.ks).items()}
     batches = call_batches(pair.prompts, batch_size, args.calls)
@@ -102,28 +138,84 @@ def measure_load(pair: Pair, batch_size: int, temperature: float, args: argparse
         tallies = run_interleaved(methods, batches, clock)
     if temperature == 0:
         check_greedy_equal(tallies)
-    speedups = {name: paired_speedup(tally, tallies[PLAIN]) for name, tally in tallies.items()}
-    rows = [{"batch": batch_size, "T": temperature, "policy": name,
-             "speedup": round(point, 3), "95% CI": f"[{low:.3f}, {high:.3f}]",
-             "tok/s": round(tallies[name].tokens_per_s, 1), "tokens/target call": round(tokens_per_call(tallies[name]), 2),
-             "steps by k (0..)": "" if name == PLAIN else ", ".join(map(str, steps_by_k(tallies[name])))}
-            for name, (point, low, high) in speedups.items()]
-    return {"rows": rows, "verdict": verdict(batch_size, temperature, tallies, speedups)}
+    return {name: Calls.of(tally) for name, tally in tallies.items()}
 
 
-def verdict(batch_size: int, temperature: float, tallies: dict, speedups: dict) -> dict:
+def setting_rows(batch_size: int, temperature: float, calls: dict[str, Calls]) -> list[dict]:
+    """One table row per policy: its speedup over the plain loop on the same calls, tokens/s, tokens per target
+    call and steps by k."""
+    rows = []
+    for name, policy_calls in calls.items():
+        point, low, high = paired_speedup(policy_calls, calls[PLAIN])
+        rows.append({"batch": batch_size, "T": temperature, "policy": name, "speedup": round(point, 3),
+                     "95% CI": f"[{low:.3f}, {high:.3f}]", "tok/s": round(policy_calls.tokens_per_s, 1),
+                     "tokens/target call": round(policy_calls.tokens_per_target_call, 2),
+                     "steps by k (0..)": "" if name == PLAIN else ", ".join(map(str, policy_calls.steps_by_k))})
+    return rows
+
+
+def verdict(batch_size: int, temperature: float, calls: dict[str, Calls]) -> dict:
     """cost_optimal against the best fixed k (the plain loop included) and the heuristic, each on the same calls."""
-    fixed = [name for name in tallies if name == PLAIN or name.startswith("k=")]
-    best = max(fixed, key=lambda name: speedups[name][0])
-    chosen = speedups[CHOSEN][0]
-    vs_best, low, high = paired_speedup(tallies[CHOSEN], tallies[best])
-    vs_heuristic = paired_speedup(tallies[CHOSEN], tallies["heuristic"])[0]
-    return {"batch": batch_size, "T": temperature, "best fixed": best, "its speedup": round(speedups[best][0], 3),
+    speedups = {name: paired_speedup(policy_calls, calls[PLAIN])[0] for name, policy_calls in calls.items()}
+    fixed = [name for name in calls if name == PLAIN or name.startswith("k=")]
+    best = max(fixed, key=speedups.get)
+    chosen = speedups[CHOSEN]
+    vs_best, low, high = paired_speedup(calls[CHOSEN], calls[best])
+    vs_heuristic = paired_speedup(calls[CHOSEN], calls["heuristic"])[0]
+    return {"batch": batch_size, "T": temperature, "best fixed": best, "its speedup": round(speedups[best], 3),
             "cost_optimal": round(chosen, 3), "cost_optimal / best": f"{vs_best:.3f} [{low:.3f}, {high:.3f}]",
             "cost_optimal / heuristic": round(vs_heuristic, 3),
             "within 3% of best": "yes" if vs_best >= WITHIN_BEST else "no",
             f">= {FLOOR}x": "yes" if chosen >= FLOOR else "no",
             "above heuristic": ("yes" if vs_heuristic > 1 else "no") if batch_size >= 16 else "(batch < 16)"}
+
+
+def measure_here(args: argparse.Namespace) -> tuple[str, list[dict]]:
+    """The bench in this process: where it ran, and every setting's calls (``{"batch", "T", "calls"}``)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    pair = load_bench_pair(args.pair, max(args.batch_sizes) * args.calls, args.device, args.dtype)
+    clock = Clock(pair.target.device)
+    where = (f"{pair.name}, {pair.target.device} {next(pair.target.parameters()).dtype}, torch threads "
+             f"{torch.get_num_threads()}")
+    return where, [{"batch": batch_size, "T": temperature,
+                    "calls": measure_load(pair, batch_size, temperature, args, clock)}
+                   for temperature in args.temperatures for batch_size in args.batch_sizes]
+
+
+def child_argv(args: argparse.Namespace, out: Path) -> list[str]:
+    """This bench's options for one process of ``--processes``."""
+    argv = ["--pair", args.pair, "--batch-sizes", ",".join(map(str, args.batch_sizes)),
+            "--temperatures", ",".join(map(str, args.temperatures)), "--ks", ",".join(map(str, args.ks)),
+            "--calls", str(args.calls), "--max-new-tokens", str(args.max_new_tokens), "--device", args.device,
+            "--dtype", args.dtype, "--out", str(out)]
+    return argv + (["--threads", str(args.threads)] if args.threads else [])
+
+
+def measure_in_processes(args: argparse.Namespace) -> tuple[str, list[dict], list[list[dict]]]:
+    """The bench in ``args.processes`` fresh processes, one after another: where they ran, every setting's calls
+    pooled over the processes, and each process's verdicts."""
+    results = []
+    for index in range(args.processes):
+        out = Path(args.out) / f"process-{index}"
+        print(f"\n# process {index + 1} of {args.processes}: {out}", flush=True)
+        subprocess.run([sys.executable, "-m", "experiments.load_bench", *child_argv(args, out)], check=True)
+        results.append(json.loads((out / "load_bench.json").read_text()))
+    settings = [{"batch": setting["batch"], "T": setting["T"],
+                 "calls": {name: Calls(**calls) for name, calls in setting["calls"].items()}}
+                for setting in results[0]["calls"]]
+    for result in results[1:]:
+        for pooled, setting in zip(settings, result["calls"]):
+            pooled["calls"] = {name: calls.joined(Calls(**setting["calls"][name]))
+                               for name, calls in pooled["calls"].items()}
+    return results[0]["where"], settings, [result["verdicts"] for result in results]
+
+
+def with_each_process(verdicts: list[dict], per_process: list[list[dict]]) -> list[dict]:
+    """The pooled verdicts, each with every process's cost_optimal / best point beside it."""
+    return [{**pooled, "each process": ", ".join(process[i]["cost_optimal / best"].split(" ")[0]
+                                                  for process in per_process)}
+            for i, pooled in enumerate(verdicts)]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -134,29 +226,36 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ks", type=positive_ints, default="1,2,4", help="the fixed draft lengths beside the plain loop")
     parser.add_argument("--calls", type=positive_int, default=8, help="timed calls per policy at each batch size")
     parser.add_argument("--max-new-tokens", type=positive_int, default=64)
+    parser.add_argument("--processes", type=positive_int, default=1,
+                        help="fresh processes to run the bench in, one after another, their calls pooled")
     add_pair_options(parser, "load_bench.md and load_bench.json")
     return parse_pair_options(parser, argv, "load_bench")
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    pair = load_bench_pair(args.pair, max(args.batch_sizes) * args.calls, args.device, args.dtype)
-    clock = Clock(pair.target.device)
+    if args.processes > 1:
+        where, settings, per_process = measure_in_processes(args)
+    else:
+        (where, settings), per_process = measure_here(args), []
     report = Report()
-    report.add(f"# Draft-length policies by load: {pair.name}\n\n{pair.target.device} "
-               f"{next(pair.target.parameters()).dtype}, torch threads {torch.get_num_threads()}; {args.calls} calls "
-               f"per policy and batch size, {args.max_new_tokens} new tokens per row, EOS ignored", echo=False)
+    report.add(f"# Draft-length policies by load: {where}; {args.calls} calls per policy and batch size"
+               f"{f' in each of {args.processes} processes, pooled' if per_process else ''}, {args.max_new_tokens} "
+               f"new tokens per row, EOS ignored", echo=False)
     rows, verdicts = [], []
-    for temperature in args.temperatures:
-        for batch_size in args.batch_sizes:
-            measured = measure_load(pair, batch_size, temperature, args, clock)
-            rows += measured["rows"]
-            verdicts.append(measured["verdict"])
-            report.table(f"## Batch {batch_size}, T = {temperature}", measured["rows"])
+    for setting in settings:
+        setting_table = setting_rows(setting["batch"], setting["T"], setting["calls"])
+        rows += setting_table
+        verdicts.append(verdict(setting["batch"], setting["T"], setting["calls"]))
+        report.table(f"## Batch {setting['batch']}, T = {setting['T']}", setting_table)
+    if per_process:
+        verdicts = with_each_process(verdicts, per_process)
     report.table("## cost_optimal against the best fixed k and the heuristic", verdicts)
-    report.write(Path(args.out) / "load_bench.md", {"args": vars(args), "rows": rows, "verdicts": verdicts})
+    calls = [{"batch": setting["batch"], "T": setting["T"],
+              "calls": {name: asdict(policy_calls) for name, policy_calls in setting["calls"].items()}}
+             for setting in settings]
+    report.write(Path(args.out) / "load_bench.md",
+                 {"args": vars(args), "where": where, "rows": rows, "verdicts": verdicts, "calls": calls})
     print(f"\nwritten to {args.out}/load_bench.md")
 
 

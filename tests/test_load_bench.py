@@ -6,6 +6,8 @@ cost_optimal with the fastest fixed k and the heuristic it measured."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
 import pytest
 
 from experiments import load_bench
@@ -52,3 +54,39 @@ def test_a_policy_whose_greedy_tokens_differ_is_refused_before_its_speedup_is_re
     with pytest.raises(AssertionError, match="policy heuristic: greedy tokens differ"):
         run(tmp_path)
     assert not (tmp_path / "out" / "load_bench.json").exists()
+
+
+def test_processes_pool_their_calls_each_paired_with_its_own_plain_loop(tmp_path, monkeypatch):
+    """Two processes, the second's cost_optimal calls twice as slow as the first's: the pooled speedup is that of
+    all calls together (not the mean of the two), and the verdict lists each process's share of the best."""
+    first = run(tmp_path)
+
+    def fake_process(command, check):
+        out = Path(command[command.index("--out") + 1])
+        result = json.loads(json.dumps(first))
+        if out.name == "process-1":
+            for setting in result["calls"]:
+                calls = setting["calls"]["cost_optimal"]
+                calls["seconds"] = [2 * seconds for seconds in calls["seconds"]]
+            result["verdicts"] = [{**v, "cost_optimal / best": "0.500 [0.4, 0.6]"} for v in result["verdicts"]]
+        out.mkdir(parents=True)
+        (out / "load_bench.json").write_text(json.dumps(result))
+    monkeypatch.setattr(load_bench.subprocess, "run", fake_process)
+    pooled = run(tmp_path / "pooled", "--processes", "2")
+    for setting, alone in zip(pooled["calls"], first["calls"]):
+        plain, chosen = setting["calls"]["plain"], setting["calls"]["cost_optimal"]
+        assert plain["tokens"] == alone["calls"]["plain"]["tokens"] * 2 and len(chosen["seconds"]) == 4
+        expected = (sum(chosen["tokens"]) / sum(chosen["seconds"])) / (sum(plain["tokens"]) / sum(plain["seconds"]))
+        row = next(r for r in pooled["rows"] if r["batch"] == setting["batch"] and r["policy"] == "cost_optimal")
+        assert row["speedup"] == round(expected, 3)
+        assert chosen["steps_by_k"] == [2 * n for n in alone["calls"]["cost_optimal"]["steps_by_k"]]
+    for verdict, alone in zip(pooled["verdicts"], first["verdicts"]):
+        assert verdict["each process"] == f"{alone['cost_optimal / best'].split(' ')[0]}, 0.500"
+
+
+@pytest.mark.slow
+def test_processes_run_the_bench_afresh_in_each(tmp_path):
+    result = run(tmp_path, "--processes", "2", "--batch-sizes", "1")
+    assert {path.name for path in (tmp_path / "out").iterdir()} >= {"process-0", "process-1", "load_bench.json"}
+    assert all(len(calls["seconds"]) == 4 for setting in result["calls"] for calls in setting["calls"].values())
+    assert len(result["verdicts"][0]["each process"].split(", ")) == 2
