@@ -147,9 +147,7 @@ class CostOptimalLength(DraftLengthPolicy):
     next step drafts one token anyway, so that acceptance and the draft's cost stay measured (a choice of 0 from
     stale estimates would never be revisited), and the next one too, whose draft cost is learned from. Each
     exploration doubles the interval to the next, up to
-    ``EXPLORE_BACKOFF`` times ``explore_every``, and a step that drafts by choice at as many rows as the last
-    exploration had resets it (drafting chosen once rows have left a call's end says nothing of the full batch, and
-    reset by it, every call at batch 64, T = 1 explored again): where drafting does not
+    ``EXPLORE_BACKOFF`` times ``explore_every``, and a step that drafts by choice resets it: where drafting does not
     pay, an exploring step is the most expensive step of the call (its draft first catches up on every token the
     plain steps emitted, and rows that kept a draft then finish ahead of the rest), and at one in 16 steps it cost
     3.4% at batch 16, T = 1. As the batch grows the target's verification costs grow
@@ -214,7 +212,6 @@ class CostOptimalLength(DraftLengthPolicy):
         self.plain_observed = 0  # plain decode steps whose timings were learned from
         self.explore_interval = explore_every  # plain steps in a row before one drafts to explore
         self.explore_again = False  # the next step is an exploration's second
-        self.explored_rows = 0  # the rows fed at the last exploration
         self.learned_draft_step = 0.0  # seconds per drafted token, for a drafter without a timed model
         self.successes = self.prior_acceptance * self.prior_weight  # weighted accepted positions, all rows
         self.trials = self.prior_weight  # weighted verified positions, all rows
@@ -333,12 +330,11 @@ class CostOptimalLength(DraftLengthPolicy):
             self.explore_again = explore_now
             if explore_now:
                 self.explore_interval = min(2 * self.explore_interval, EXPLORE_BACKOFF * self.explore_every)
-                self.explored_rows = self.rows_fed
         elif self.plain_observed < PLAIN_SAMPLES and not self.first_step:  # a plain step's overhead, measured once
             k = 0
         else:
             k = self.best_k(self.row_acceptances(), self.rows_fed)
-            if k and self.rows_fed >= self.explored_rows:  # drafting pays at the load explored: explore often again
+            if k:
                 self.explore_interval = self.explore_every
         self.plain_steps = 0 if k else self.plain_steps + 1
         self.chosen_k.append(k)

@@ -347,19 +347,3 @@ def test_cost_optimal_prices_a_drafts_first_forward_apart_and_learns_the_same_sc
             policy.observe(outcome(k, [k, k], draft_seconds=2 * costs.draft_chain(k), target_seconds=11.0 + k))
         scales.append(policy.draft_scale)
     assert scales == pytest.approx([2.0, 2.0], rel=1e-3)
-
-
-def test_drafting_chosen_at_fewer_rows_than_explored_keeps_the_back_off():
-    """At 16 rows drafting does not pay and the explorations back off; once rows leave a call's end drafting pays
-    and is chosen, which says nothing of 16 rows: the back-off stays. Drafting chosen at 16 rows resets it."""
-    policy = CostOptimalLength(k_max=4, prior_acceptance=0.6, costs=costs_growing(per_token=0.2), explore_every=4)
-    for _ in range(40):
-        k = policy.next_k()
-        policy.observe(outcome(k, [min(k, 1)] * 8 + [0] * 8))  # half the rows keep the draft, half reject it
-    assert policy.explore_interval > 4 and policy.explored_rows == 16
-    backed_off = policy.explore_interval
-    policy.select_rows(torch.tensor([0]))  # fifteen rows finished; the one left keeps its drafts
-    assert policy.next_k() > 0 and policy.explore_interval == backed_off
-    policy.explored_rows = 1
-    policy.chosen_k.pop()
-    assert policy.next_k() > 0 and policy.explore_interval == 4
