@@ -31,6 +31,7 @@ import argparse
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -170,17 +171,18 @@ def verdict(batch_size: int, temperature: float, calls: dict[str, Calls]) -> dic
             "above heuristic": ("yes" if vs_heuristic > 1 else "no") if batch_size >= 16 else "(batch < 16)"}
 
 
-def measure_here(args: argparse.Namespace) -> tuple[str, list[dict]]:
-    """The bench in this process: where it ran, and every setting's calls (``{"batch", "T", "calls"}``)."""
+def measure_here(args: argparse.Namespace) -> tuple[str, Iterator[dict]]:
+    """The bench in this process: where it runs, and every setting's calls (``{"batch", "T", "calls"}``), each
+    measured as it is asked for, so that its table is printed before the next setting starts."""
     if args.threads:
         torch.set_num_threads(args.threads)
     pair = load_bench_pair(args.pair, max(args.batch_sizes) * args.calls, args.device, args.dtype)
     clock = Clock(pair.target.device)
     where = (f"{pair.name}, {pair.target.device} {next(pair.target.parameters()).dtype}, torch threads "
              f"{torch.get_num_threads()}")
-    return where, [{"batch": batch_size, "T": temperature,
+    return where, ({"batch": batch_size, "T": temperature,
                     "calls": measure_load(pair, batch_size, temperature, args, clock)}
-                   for temperature in args.temperatures for batch_size in args.batch_sizes]
+                   for temperature in args.temperatures for batch_size in args.batch_sizes)
 
 
 def child_argv(args: argparse.Namespace, out: Path) -> list[str]:
@@ -242,8 +244,9 @@ def main(argv=None) -> None:
     report.add(f"# Draft-length policies by load: {where}; {args.calls} calls per policy and batch size"
                f"{f' in each of {args.processes} processes, pooled' if per_process else ''}, {args.max_new_tokens} "
                f"new tokens per row, EOS ignored", echo=False)
-    rows, verdicts = [], []
+    rows, verdicts, measured = [], [], []
     for setting in settings:
+        measured.append(setting)
         setting_table = setting_rows(setting["batch"], setting["T"], setting["calls"])
         rows += setting_table
         verdicts.append(verdict(setting["batch"], setting["T"], setting["calls"]))
@@ -253,7 +256,7 @@ def main(argv=None) -> None:
     report.table("## cost_optimal against the best fixed k and the heuristic", verdicts)
     calls = [{"batch": setting["batch"], "T": setting["T"],
               "calls": {name: asdict(policy_calls) for name, policy_calls in setting["calls"].items()}}
-             for setting in settings]
+             for setting in measured]
     report.write(Path(args.out) / "load_bench.md",
                  {"args": vars(args), "where": where, "rows": rows, "verdicts": verdicts, "calls": calls})
     print(f"\nwritten to {args.out}/load_bench.md")
