@@ -347,3 +347,17 @@ def test_cost_optimal_prices_a_drafts_first_forward_apart_and_learns_the_same_sc
             policy.observe(outcome(k, [k, k], draft_seconds=2 * costs.draft_chain(k), target_seconds=11.0 + k))
         scales.append(policy.draft_scale)
     assert scales == pytest.approx([2.0, 2.0], rel=1e-3)
+
+
+def test_cost_optimal_keeps_exploring_across_calls_shorter_than_its_interval():
+    """Calls of 10 steps, and explorations backed off to 80 steps apart: the plain steps are counted across calls, so
+    the explorations still come (counted per call, none came after the interval outgrew a call)."""
+    policy = CostOptimalLength(k_max=4, prior_acceptance=0.05, costs=costs_growing(per_token=1.0), explore_every=5)
+    ks = []
+    for _ in range(40):  # calls
+        policy.start()
+        for _ in range(10):
+            ks.append(policy.next_k())
+            policy.observe(outcome(ks[-1], [0, 0]))
+    late = [step for step, k in enumerate(ks) if k and step >= 150]  # once the interval is past a call's 10 steps
+    assert policy.explore_interval == 80 and len(late) >= 4 and len(late) % 2 == 0
