@@ -144,8 +144,9 @@ class CostOptimalLength(DraftLengthPolicy):
     plain step's rows stay even (s_0 = 0). k = 0 is a plain decode step (B' tokens per step); a k > 0 is
     taken only where it beats k = 0 by the relative ``margin``, so that the policy is not slower than decoding
     without a draft by more than the cost model's error. After ``explore_every`` - 1 plain decode steps in a row
-    (counted across calls) the next step drafts one token anyway, so that acceptance and the draft's cost stay measured (a choice of 0 from
-    stale estimates would never be revisited), and the next one too, whose draft cost is learned from. Each
+    (counted across calls) the next step drafts one token anyway, so that acceptance and the draft's cost stay
+    measured (a choice of 0 from stale estimates would never be revisited), and the next one too, whose draft cost
+    is learned from. Each
     exploration doubles the interval to the next, up to
     ``EXPLORE_BACKOFF`` times ``explore_every``, and a step that drafts by choice resets it: where drafting does not
     pay, an exploring step is the most expensive step of the call (its draft first catches up on every token the
