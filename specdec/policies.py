@@ -120,7 +120,8 @@ class ConfidenceLength(DraftLengthPolicy):
 TIE_TOLERANCE = 1e-9  # relative: predicted rates closer than this count as equal
 COST_DECAY = 0.8  # per-step forgetting factor of the online corrections to the cost model
 PLAIN_SAMPLES = 3  # plain steps a drafting policy takes once, so that a plain step's overhead is measured too
-EXPLORE_BACKOFF = 16  # the interval between exploring drafts doubles up to this many times explore_every
+EXPLORE_BUDGET = 0.01  # the share of the time the explorations may cost where drafting does not pay, as measured
+EXPLORE_MAX = 16  # ... and they come at least once in this many times explore_every plain steps
 
 
 class CostOptimalLength(DraftLengthPolicy):
@@ -143,16 +144,19 @@ class CostOptimalLength(DraftLengthPolicy):
     k = 1 where no draft did: every fixed k lost 9-11% there to its call's tail against the per-step prediction. A
     plain step's rows stay even (s_0 = 0). k = 0 is a plain decode step (B' tokens per step); a k > 0 is
     taken only where it beats k = 0 by the relative ``margin``, so that the policy is not slower than decoding
-    without a draft by more than the cost model's error. After ``explore_every`` - 1 plain decode steps in a row
-    (counted across calls) the next step drafts one token anyway, so that acceptance and the draft's cost stay
+    without a draft by more than the cost model's error. After a number of plain decode steps in a row (the
+    interval, at first ``explore_every`` - 1; counted across calls) the next step drafts one token anyway, so that acceptance and the draft's cost stay
     measured (a choice of 0 from stale estimates would never be revisited), and the next one too, whose draft cost
-    is learned from. Each
-    exploration doubles the interval to the next, up to
-    ``EXPLORE_BACKOFF`` times ``explore_every``, and a step that drafts by choice resets it: where drafting does not
-    pay, an exploring step is the most expensive step of the call (its draft first catches up on every token the
-    plain steps emitted, and rows that kept a draft then finish ahead of the rest), and at one in 16 steps it cost
-    3.4% at batch 16, T = 1. As the batch grows the target's verification costs grow
-    with B' (k + 1), and the choice shortens to k = 0; as rows finish and leave, it lengthens again.
+    is learned from (never a call's first step, whose wall time is the prefill's). The exploration's cost is
+    measured: its two steps' wall time beyond what plain steps take for the tokens they emitted (the mean row's),
+    c plain steps. The interval to the next is c / ``EXPLORE_BUDGET`` plain steps, so that where drafting does not
+    pay the explorations cost about 1% of the time, within [``explore_every``, ``EXPLORE_MAX`` x
+    ``explore_every``]; where drafting pays an exploration costs nothing and they come every ``explore_every``.
+    (At batch 64, T = 1, an exploration cost 1.3 plain steps, most of it the draft's first forward catching up
+    on every token the plain steps emitted. An interval doubled at each exploration and reset by any step that
+    drafted by choice explored again about 16 steps into each call: a call's last row, alone, drafts by choice.)
+    As the batch grows the target's verification costs grow with B' (k + 1), and the choice shortens to k = 0; as
+    rows finish and leave, it lengthens again.
 
     The costs: ``costs`` (a ``specdec.costs.CostModel``), or, where None, measured by ``specdec.costs.measure_costs``
     from the models the ``Decoder`` shows it (``bind``) when it first meets a batch larger than it has measured:
@@ -212,7 +216,6 @@ class CostOptimalLength(DraftLengthPolicy):
         # [plain step, drafting step], None until a step of the kind is observed
         self.plain_observed = 0  # plain decode steps whose timings were learned from
         self.explore_interval = explore_every  # plain steps in a row before one drafts to explore
-        self.explore_again = False  # the next step is an exploration's second
         self.plain_steps = 0  # plain decode steps chosen in a row, across calls: at batch 1 a call of 64 tokens is
         # 64 steps, and counted per call, an interval backed off past it never came, and a policy that had
         # stopped drafting decoded 8191 of 8192 steps plain, at 0.95x where fixed k = 4 ran 1.9x
@@ -253,6 +256,10 @@ class CostOptimalLength(DraftLengthPolicy):
         self.modelled: list[float] = []  # per decode step: the model's seconds for the k it chose
         self.measured: list[float] = []  # per decode step: the step's wall seconds
         self.pending_model = math.nan
+        self.exploring = False  # the step asked for explores
+        self.explore_again = False  # the next step is an exploration's second
+        self.explore_excess = 0.0  # the exploration's steps so far: their wall time beyond their tokens', in plain
+        # steps (an exploration the call's end cut short is not counted)
 
     @property
     def acceptance(self) -> float:
@@ -324,21 +331,18 @@ class CostOptimalLength(DraftLengthPolicy):
 
     def next_k(self) -> int:
         self.ensure_costs(self.rows_fed)
-        explore_now = self.plain_steps + 1 >= self.explore_interval  # keeps a and the costs measured
-        if explore_now or self.explore_again:
+        explore_now = not self.first_step and self.plain_steps + 1 >= self.explore_interval  # keeps a, costs measured
+        self.exploring = explore_now or self.explore_again
+        if self.exploring:
             # Two drafting steps: the first's draft forward catches up on the plain steps' tokens and teaches no
             # draft cost; the second's does (with one, a draft cost once overestimated was never learned back, and
             # a batch-1 run decoded a third of its steps plain).
             k = 1
             self.explore_again = explore_now
-            if explore_now:
-                self.explore_interval = min(2 * self.explore_interval, EXPLORE_BACKOFF * self.explore_every)
         elif self.plain_observed < PLAIN_SAMPLES and not self.first_step:  # a plain step's overhead, measured once
             k = 0
         else:
             k = self.best_k(self.row_acceptances(), self.rows_fed)
-            if k:
-                self.explore_interval = self.explore_every
         self.plain_steps = 0 if k else self.plain_steps + 1
         self.chosen_k.append(k)
         self.pending_model = self.step_seconds(k, self.rows_fed)
@@ -360,13 +364,15 @@ class CostOptimalLength(DraftLengthPolicy):
         wall = time.perf_counter() - self.step_started
         rows = outcome.num_accepted.shape[0]
         self.remaining = max(outcome.host.remaining_max, 1) if outcome.host is not None else math.inf
+        accepted, active, after = torch.stack(
+            [outcome.num_accepted, outcome.active.long(), outcome.active_after.long()]).cpu().double()  # [B'] each
         if self.first_step:
             self.call_rows, self.call_remaining = rows, self.remaining
         else:
             self.learn_costs(outcome, rows, wall)
+            if self.exploring:
+                self.learn_exploring_cost(wall, accepted[active.bool()], rows)
         self.first_step = False
-        accepted, active, after = torch.stack(
-            [outcome.num_accepted, outcome.active.long(), outcome.active_after.long()]).cpu().double()  # [B'] each
         if outcome.k:
             self.learn_acceptance(accepted, active.bool(), outcome.k)
         self.rows_fed = rows
@@ -382,6 +388,16 @@ class CostOptimalLength(DraftLengthPolicy):
         self.row_trials = self.decay * self.row_trials + trials
         self.successes = self.batch_decay * self.successes + float(successes.sum())
         self.trials = self.batch_decay * self.trials + float(trials.sum())
+
+    def learn_exploring_cost(self, wall: float, accepted: torch.Tensor, rows: int) -> None:
+        """Add an exploring step's cost (``accepted`` [R], the drafts each generating row kept) to its exploration's,
+        in plain steps at the rows fed; after the exploration's second step, set the interval to the next."""
+        self.explore_excess += wall / self.step_seconds(0, rows) - float(accepted.mean()) - 1
+        if self.explore_again:
+            return
+        interval = round(self.explore_excess / EXPLORE_BUDGET)
+        self.explore_interval = min(max(interval, self.explore_every), EXPLORE_MAX * self.explore_every)
+        self.explore_excess = 0.0
 
     def learn_costs(self, outcome: StepOutcome, rows: int, wall: float) -> None:
         """Correct the cost model from a decode step's timings (the prefill's step says nothing of decoding), and

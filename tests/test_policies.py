@@ -237,21 +237,35 @@ def test_cost_optimal_learns_the_machine_from_step_timings():
     assert modelled > 0 and measured >= 0
 
 
-def test_cost_optimal_explores_ever_more_rarely_where_drafting_does_not_pay_and_often_again_once_it_does():
-    policy = CostOptimalLength(k_max=4, prior_acceptance=0.05, costs=costs_growing(per_token=1.0), explore_every=5)
-    ks = []
-    for _ in range(245):
-        ks.append(policy.next_k())
-        policy.observe(outcome(ks[-1], [0, 0]))
+def step_on_clock(policy, clock: list[float], accepted: list[int]) -> int:
+    """One step whose forwards take exactly the policy's cost model's seconds, on a clock the policy reads."""
+    k = policy.next_k()
+    rows = len(accepted)
+    draft, target = policy.costs.draft_chain(k, rows), policy.costs.verify(k, rows)
+    clock[0] += draft + target
+    policy.observe(outcome(k, [min(a, k) for a in accepted], draft_seconds=draft, target_seconds=target))
+    return k
+
+
+def test_cost_optimal_explores_as_rarely_as_its_measured_cost_asks_and_often_again_once_it_costs_nothing(monkeypatch):
+    """Two rows that keep no draft: an exploring step drafting one token costs 12.1 s where a plain step takes 11 s
+    and emits as much, so an exploration of two steps costs 0.2 plain steps, and the next comes 0.2 / 1% = 20 steps
+    later. With verification free and the draft free, an exploration costs nothing: they come every
+    ``explore_every`` again. Where they cost more than 16 x ``explore_every`` allows, they come at that."""
+    clock = [0.0]
+    monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    policy = CostOptimalLength(k_max=4, prior_acceptance=0.05, costs=costs_growing(per_token=0.5, fixed=10.0),
+                               explore_every=5)
+    ks = [step_on_clock(policy, clock, [0, 0]) for _ in range(60)]
     explored = [step + 1 for step, k in enumerate(ks) if k]  # the steps that drafted, counted from 1
-    # Two drafting steps each time (the second's draft cost is learned), after 4 plain steps, then 9, 19, 39, and
-    # at most 79 (the interval 80 = 16 x 5).
-    assert explored == [5, 6, 16, 17, 37, 38, 78, 79, 159, 160, 240, 241]
-    policy.costs = costs_growing(per_token=0.0, draft=0.0)  # verification now free, and the rows keep every draft
-    for _ in range(100):
-        k = policy.next_k()
-        policy.observe(outcome(k, [k, k]))
-    assert ks.count(1) == 12 and all(policy.chosen_k[-10:]) and policy.explore_interval == 5
+    # after 4 plain steps (the first call's first step is a plain one: the prior acceptance is poor), then after 19
+    assert explored == [5, 6, 26, 27, 47, 48] and policy.explore_interval == 20
+    policy.costs = costs_growing(per_token=0.0, fixed=10.0, draft=0.0)
+    ks = [step_on_clock(policy, clock, [0, 0]) for _ in range(40)]
+    assert policy.explore_interval == 5 and 0 < ks.count(1) <= 16 and not any(k > 1 for k in ks)
+    policy.costs = costs_growing(per_token=1.0)  # an exploring step costs 5.1 s, a plain one 3 s: 140 steps asked
+    ks = [step_on_clock(policy, clock, [0, 0]) for _ in range(200)]
+    assert policy.explore_interval == 80 and 2 <= ks.count(1) <= 6
 
 
 def test_cost_optimal_learns_an_overestimated_draft_cost_back_while_it_only_explores():
@@ -349,15 +363,17 @@ def test_cost_optimal_prices_a_drafts_first_forward_apart_and_learns_the_same_sc
     assert scales == pytest.approx([2.0, 2.0], rel=1e-3)
 
 
-def test_cost_optimal_keeps_exploring_across_calls_shorter_than_its_interval():
-    """Calls of 10 steps, and explorations backed off to 80 steps apart: the plain steps are counted across calls, so
-    the explorations still come (counted per call, none came after the interval outgrew a call)."""
+def test_cost_optimal_keeps_exploring_across_calls_shorter_than_its_interval(monkeypatch):
+    """Calls of 10 steps, and explorations that cost enough to come 80 steps apart: the plain steps are counted
+    across calls, so the explorations still come (counted per call, none came once the interval outgrew a call),
+    and never on a call's first step, whose wall time is the prefill's."""
+    clock = [0.0]
+    monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     policy = CostOptimalLength(k_max=4, prior_acceptance=0.05, costs=costs_growing(per_token=1.0), explore_every=5)
     ks = []
     for _ in range(40):  # calls
         policy.start()
-        for _ in range(10):
-            ks.append(policy.next_k())
-            policy.observe(outcome(ks[-1], [0, 0]))
+        ks += [step_on_clock(policy, clock, [0, 0]) for _ in range(10)]
     late = [step for step, k in enumerate(ks) if k and step >= 150]  # once the interval is past a call's 10 steps
     assert policy.explore_interval == 80 and len(late) >= 4 and len(late) % 2 == 0
+    assert not any(ks[step] and ks[step - 1] == 0 for step in range(10, len(ks), 10))  # no call opens exploring
