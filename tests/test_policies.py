@@ -9,6 +9,7 @@ import math
 import statistics
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -137,21 +138,21 @@ def brute_force_rate_k(costs: CostModel, alpha: float, rows: int, k_max: int, ma
 
 def test_cost_optimal_drafts_nothing_when_verification_grows_steeply_with_the_batch():
     policy = CostOptimalLength(k_max=8, costs=costs_growing(per_token=1.0))  # compute-bound: cost ~ tokens
-    acceptances = torch.full((16,), 0.8, dtype=torch.float64)
+    acceptances = np.full(16, 0.8)
     assert policy.best_k(acceptances, rows=16) == 0
-    assert policy.best_k(torch.full((64,), 0.9, dtype=torch.float64), rows=64) == 0
+    assert policy.best_k(np.full(64, 0.9), rows=64) == 0
 
 
 def test_cost_optimal_drafts_long_when_verification_is_flat_and_acceptance_high():
     policy = CostOptimalLength(k_max=8, costs=costs_growing(per_token=0.0, draft=0.01))
-    assert policy.best_k(torch.full((16,), 0.95, dtype=torch.float64), rows=16) == 8
-    assert policy.best_k(torch.full((1,), 0.95, dtype=torch.float64), rows=1) == 8
+    assert policy.best_k(np.full(16, 0.95), rows=16) == 8
+    assert policy.best_k(np.full(1, 0.95), rows=1) == 8
 
 
 def test_cost_optimal_shortens_its_draft_as_the_batch_grows():
     """Verification flat at batch 1, then growing with the tokens computed: k falls with the batch to 0."""
     policy = CostOptimalLength(k_max=8, costs=costs_growing(per_token=0.08, draft=0.05))
-    ks = [policy.best_k(torch.full((b,), 0.8, dtype=torch.float64), rows=b) for b in (1, 4, 16, 64)]
+    ks = [policy.best_k(np.full(b, 0.8), rows=b) for b in (1, 4, 16, 64)]
     assert ks == sorted(ks, reverse=True) and ks[0] >= 3 and ks[-1] == 0
 
 
@@ -161,7 +162,7 @@ def test_cost_optimal_shortens_its_draft_as_the_batch_grows():
 def test_cost_optimal_choice_is_the_brute_force_argmax_of_tokens_per_second(per_token, alpha, rows):
     costs = costs_growing(per_token, draft=0.05)
     policy = CostOptimalLength(k_max=8, costs=costs, margin=0.02, prior_acceptance=alpha)  # rows at the batch's
-    assert policy.best_k(torch.full((rows,), alpha, dtype=torch.float64), rows) == \
+    assert policy.best_k(np.full(rows, alpha), rows) == \
         brute_force_rate_k(costs, alpha, rows, 8, 0.02)
 
 
@@ -184,7 +185,7 @@ def test_cost_optimal_charges_each_step_its_share_of_the_calls_tail(rows, alpha)
     costs = costs_growing(0.02, draft=0.05)
     policy = CostOptimalLength(k_max=6, costs=costs)
     policy.remaining = 40
-    rates = policy.rates(torch.full((rows,), alpha, dtype=torch.float64), rows)
+    rates = policy.rates(np.full(rows, alpha), rows)
     assert rates == pytest.approx([brute_force_tail_rate(costs, alpha, k, rows, 40) for k in range(7)])
 
 
@@ -194,7 +195,7 @@ def test_the_calls_tail_shortens_the_draft_at_batch_16_and_not_at_batch_1():
     costs = CostModel(CostTable({b: {1: 14.8, 2: 21.1, 3: 26.1, 4: 29.5} for b in (1, 16)}),
                       CostTable({b: {1: 2.2} for b in (1, 16)}))
     policy = CostOptimalLength(k_max=3, costs=costs)
-    acceptances = torch.full((16,), 0.8, dtype=torch.float64)
+    acceptances = np.full(16, 0.8)
     assert policy.best_k(acceptances, 16) == 3  # the call's length unknown: no tail
     policy.remaining = 64
     assert 1 <= policy.best_k(acceptances, 16) < 3
@@ -204,11 +205,27 @@ def test_the_calls_tail_shortens_the_draft_at_batch_16_and_not_at_batch_1():
 def test_cost_optimal_weighs_each_rows_acceptance():
     """One row that keeps everything and fifteen that keep nothing: the batch drafts as the mean row would not."""
     policy = CostOptimalLength(k_max=8, costs=costs_growing(per_token=0.002, draft=0.01))
-    mixed = torch.tensor([0.99] + [0.0] * 15, dtype=torch.float64)
+    mixed = np.array([0.99] + [0.0] * 15)
     rates = policy.rates(mixed, rows=16)
     for k in range(9):
         tokens = sum(0.99**i for i in range(k + 1)) + 15
         assert rates[k] == pytest.approx(tokens / (k * 0.01 + 1 + 0.002 * 16 * (k + 1)))
+
+
+def test_cost_optimal_rates_from_power_sums_are_the_per_row_sums_with_the_tail():
+    """The rates are computed from S_n = sum_r a_r^n; written out per row instead (tokens, Var J of each row, its
+    mean, and the call's tail at 20 tokens left), they agree for rows of very different acceptances."""
+    policy = CostOptimalLength(k_max=6, costs=costs_growing(per_token=0.002, draft=0.01))
+    policy.remaining = 20
+    acceptances = np.array([0.95, 0.1, 0.6, 0.0, 0.8])
+    tokens = [sum(sum(a**j for j in range(k + 1)) for a in acceptances) for k in range(7)]
+    variances = [statistics.fmean(sum((2 * j - 1) * a**j for j in range(1, k + 1)) - sum(a**j for j in range(1, k + 1))**2
+                                  for a in acceptances) for k in range(7)]
+    z = policies.tail_factor(5)
+    expected = [tokens[k] / (policy.step_seconds(k, 5) + z * math.sqrt(variances[k] / (20 * tokens[k] / 5))
+                             * policy.step_seconds(k, 1)) for k in range(7)]
+    assert policy.rates(acceptances, 5) == pytest.approx(expected, rel=1e-12)
+    assert max(variances) > 0.1  # the tail is material at these acceptances
 
 
 def test_cost_optimal_estimates_acceptance_per_row_and_follows_rows_that_leave():
@@ -218,11 +235,10 @@ def test_cost_optimal_estimates_acceptance_per_row_and_follows_rows_that_leave()
     policy.observe(outcome(4, [4, 0, 2]))  # row 0: 4 successes, 4 trials; row 1: 0 of 1; row 2: 2 of 3
     pooled = (0.25 * 1.0 + 6) / (0.25 * 2.0 + 8)
     assert policy.acceptance == pytest.approx(pooled)
-    expected = torch.tensor([(4 + 2 * pooled) / (4 + 2), (0 + 2 * pooled) / (1 + 2), (2 + 2 * pooled) / (3 + 2)],
-                            dtype=torch.float64)
-    assert torch.allclose(policy.row_acceptances(), expected)
+    expected = np.array([(4 + 2 * pooled) / (4 + 2), (0 + 2 * pooled) / (1 + 2), (2 + 2 * pooled) / (3 + 2)])
+    assert np.allclose(policy.row_acceptances(), expected)
     policy.select_rows(torch.tensor([0, 2]))  # row 1 finished and left the batch
-    assert torch.allclose(policy.row_acceptances(), expected[[0, 2]]) and policy.rows_fed == 2
+    assert np.allclose(policy.row_acceptances(), expected[[0, 2]]) and policy.rows_fed == 2
 
 
 def test_cost_optimal_learns_the_machine_from_step_timings():
@@ -249,7 +265,7 @@ def step_on_clock(policy, clock: list[float], accepted: list[int]) -> int:
 
 def test_cost_optimal_explores_as_rarely_as_its_measured_cost_asks_and_often_again_once_it_costs_nothing(monkeypatch):
     """Two rows that keep no draft: an exploring step drafting one token costs 12.1 s where a plain step takes 11 s
-    and emits as much, so an exploration of two steps costs 0.2 plain steps, and the next comes 0.2 / 1% = 20 steps
+    and emits as much, so an exploration of two steps costs 0.2 plain steps, and the next comes 0.2 / 0.5% = 40 steps
     later. With verification free and the draft free, an exploration costs nothing: they come every
     ``explore_every`` again. Where they cost more than 16 x ``explore_every`` allows, they come at that."""
     clock = [0.0]
@@ -258,12 +274,13 @@ def test_cost_optimal_explores_as_rarely_as_its_measured_cost_asks_and_often_aga
                                explore_every=5)
     ks = [step_on_clock(policy, clock, [0, 0]) for _ in range(60)]
     explored = [step + 1 for step, k in enumerate(ks) if k]  # the steps that drafted, counted from 1
-    # after 4 plain steps (the first call's first step is a plain one: the prior acceptance is poor), then after 19
-    assert explored == [5, 6, 26, 27, 47, 48] and policy.explore_interval == 20
+    # after 4 plain steps (the first call's first step is a plain one: the prior acceptance is poor), then after 39
+    assert policies.EXPLORE_BUDGET == 0.005
+    assert explored == [5, 6, 46, 47] and policy.explore_interval == 40
     policy.costs = costs_growing(per_token=0.0, fixed=10.0, draft=0.0)
     ks = [step_on_clock(policy, clock, [0, 0]) for _ in range(40)]
     assert policy.explore_interval == 5 and 0 < ks.count(1) <= 16 and not any(k > 1 for k in ks)
-    policy.costs = costs_growing(per_token=1.0)  # an exploring step costs 5.1 s, a plain one 3 s: 140 steps asked
+    policy.costs = costs_growing(per_token=1.0)  # an exploring step costs 5.1 s, a plain one 3 s: 280 steps asked
     ks = [step_on_clock(policy, clock, [0, 0]) for _ in range(200)]
     assert policy.explore_interval == 80 and 2 <= ks.count(1) <= 6
 
