@@ -145,15 +145,15 @@ class CostOptimalLength(DraftLengthPolicy):
     k = 1 where no draft did: every fixed k lost 9-11% there to its call's tail against the per-step prediction. A
     plain step's rows stay even (s_0 = 0). k = 0 is a plain decode step (B' tokens per step); a k > 0 is
     taken only where it beats k = 0 by the relative ``margin``, so that the policy is not slower than decoding
-    without a draft by more than the cost model's error. After a number of plain decode steps in a row (the
-    interval, at first ``explore_every`` - 1; counted across calls) the next step drafts one token anyway, so that acceptance and the draft's cost stay
-    measured (a choice of 0 from stale estimates would never be revisited), and the next one too, whose draft cost
-    is learned from (never a call's first step, whose wall time is the prefill's). The exploration's cost is
-    measured: its two steps' wall time beyond what plain steps take for the tokens they emitted (the mean row's),
-    c plain steps. The interval to the next is c / ``EXPLORE_BUDGET`` plain steps, so that where drafting does not
+    without a draft by more than the cost model's error. After ``explore_interval`` - 1 plain decode steps in a row
+    (at first ``explore_every`` - 1; counted across calls) the next step drafts one token anyway, so that
+    acceptance and the draft's cost stay measured (a choice of 0 from stale estimates would never be revisited),
+    and the next one too, whose draft cost is learned from (never a call's first step, whose wall time is the
+    prefill's). The exploration's cost is measured: its two steps' wall time beyond what plain steps take for the
+    tokens they emitted (the mean row's), c plain steps. The interval to the next is c / ``EXPLORE_BUDGET`` plain steps, so that where drafting does not
     pay the explorations cost about 0.5% of the time, within [``explore_every``, ``EXPLORE_MAX`` x
     ``explore_every``]; where drafting pays an exploration costs nothing and they come every ``explore_every``.
-    (At batch 64, T = 1, an exploration cost 1.3 plain steps, most of it the draft's first forward catching up
+    (At batch 64, T = 1, an exploration cost 1.4-1.6 plain steps, most of it the draft's first forward catching up
     on every token the plain steps emitted. An interval doubled at each exploration and reset by any step that
     drafted by choice explored again about 16 steps into each call: a call's last row, alone, drafts by choice.)
     As the batch grows the target's verification costs grow with B' (k + 1), and the choice shortens to k = 0; as
@@ -181,11 +181,12 @@ class CostOptimalLength(DraftLengthPolicy):
     the batch is the row, one time scale let a few rejections in a row pull a to near 0, and the plain steps chosen
     then observe nothing to pull it back (sampled at T = 1, such a policy drafted nothing on half its steps).
 
-    Reading the step's per-row counts costs one host copy per step. The per-row arithmetic is numpy's on the host:
-    each step's choice is a few dozen operations on [R, k_max + 1] arrays, where torch's per-operation cost made
-    ``next_k`` 300 µs a step at batch 64, and the policy 2-3% slower than the plain loop where it chose k = 0 on
-    every step. ``chosen_k`` records each ``next_k`` answer;
-    ``step_costs()`` the mean modelled and measured seconds per decode step of the last call. Tree drafters are
+    Reading the step's per-row counts costs one host copy per step. The arithmetic is numpy's on the host, and of
+    the rows it needs only the power sums of their acceptances (``power_sums``), kept while they hold: where the
+    policy decodes plain, a step's choice computes on vectors of k_max + 1. (With torch's operations on [R, k_max + 1]
+    each step, ``next_k`` took 300 µs at batch 64 and the target's next forward ran 0.6 ms slower.) ``chosen_k``
+    records each ``next_k`` answer; ``step_costs()`` the mean modelled and measured seconds per decode step of the
+    last call. Tree drafters are
     modelled as chains of their depth.
     """
 

@@ -219,8 +219,9 @@ def test_cost_optimal_rates_from_power_sums_are_the_per_row_sums_with_the_tail()
     policy.remaining = 20
     acceptances = np.array([0.95, 0.1, 0.6, 0.0, 0.8])
     tokens = [sum(sum(a**j for j in range(k + 1)) for a in acceptances) for k in range(7)]
-    variances = [statistics.fmean(sum((2 * j - 1) * a**j for j in range(1, k + 1)) - sum(a**j for j in range(1, k + 1))**2
-                                  for a in acceptances) for k in range(7)]
+    def variance(a, k):  # Var J = E[J^2] - E[J]^2
+        return sum((2 * j - 1) * a**j for j in range(1, k + 1)) - sum(a**j for j in range(1, k + 1))**2
+    variances = [statistics.fmean(variance(a, k) for a in acceptances) for k in range(7)]
     z = policies.tail_factor(5)
     expected = [tokens[k] / (policy.step_seconds(k, 5) + z * math.sqrt(variances[k] / (20 * tokens[k] / 5))
                              * policy.step_seconds(k, 1)) for k in range(7)]
