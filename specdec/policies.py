@@ -150,9 +150,9 @@ class CostOptimalLength(DraftLengthPolicy):
     acceptance and the draft's cost stay measured (a choice of 0 from stale estimates would never be revisited),
     and the next one too, whose draft cost is learned from (never a call's first step, whose wall time is the
     prefill's). The exploration's cost is measured: its two steps' wall time beyond what plain steps take for the
-    tokens they emitted (the mean row's), c plain steps. The interval to the next is c / ``EXPLORE_BUDGET`` plain steps, so that where drafting does not
-    pay the explorations cost about 0.5% of the time, within [``explore_every``, ``EXPLORE_MAX`` x
-    ``explore_every``]; where drafting pays an exploration costs nothing and they come every ``explore_every``.
+    tokens they emitted (the mean row's), c plain steps. The interval to the next is c / ``EXPLORE_BUDGET`` plain
+    steps, so that where drafting does not pay the explorations cost about 0.5% of the time, within
+    [``explore_every``, ``EXPLORE_MAX`` x ``explore_every``]; where drafting pays an exploration costs nothing and they come every ``explore_every``.
     (At batch 64, T = 1, an exploration cost 1.4-1.6 plain steps, most of it the draft's first forward catching up
     on every token the plain steps emitted. An interval doubled at each exploration and reset by any step that
     drafted by choice explored again about 16 steps into each call: a call's last row, alone, drafts by choice.)
@@ -334,11 +334,12 @@ class CostOptimalLength(DraftLengthPolicy):
     def rates(self, acceptances: np.ndarray, rows: int) -> np.ndarray:
         """[k_max + 1] expected tokens per second of a step drafting k = 0..k_max, for rows generating at
         ``acceptances`` [R] while the forwards compute ``rows`` rows, the call's tail included."""
-        return self.rates_of_sums(self.power_sums(acceptances), rows)
+        return self.rates_of_sums(self.power_sums(acceptances), self.all_step_seconds(rows), self.all_step_seconds(1))
 
-    def rates_of_sums(self, sums: np.ndarray, rows: int) -> np.ndarray:
-        """``rates`` from the acceptances' ``power_sums``. Per row, with J the drafts kept of k (a^j = P(J >= j)):
-        E(a, k) = 1 + E[J] = sum_{j<=k} a^j, E[J^2] = sum_{j=1..k} (2j-1) a^j and E[J]^2 = sum_{i,j=1..k} a^(i+j);
+    def rates_of_sums(self, sums: np.ndarray, seconds: np.ndarray, last_row_seconds: np.ndarray) -> np.ndarray:
+        """``rates`` from the acceptances' ``power_sums`` and the steps' ``all_step_seconds`` at the rows the forwards
+        compute (``seconds``) and at one row (``last_row_seconds``, the tail's). Per row, with J the drafts kept of k
+        (a^j = P(J >= j)): E(a, k) = 1 + E[J] = sum_{j<=k} a^j, E[J^2] = sum_{j=1..k} (2j-1) a^j and E[J]^2 = sum_{i,j=1..k} a^(i+j);
         summed over rows, each a^n becomes S_n."""
         generating = sums[0]  # R
         firsts = sums[:self.k_max + 1]  # [k_max+1] S_0..S_k_max
@@ -348,7 +349,7 @@ class CostOptimalLength(DraftLengthPolicy):
         squared_means[1:] = sums[self.pair_orders].cumsum(0).cumsum(1).diagonal()
         variance = np.maximum(kept_squared - squared_means, 0) / generating  # [k_max+1] the mean row's Var J
         tail = tail_factor(round(generating)) * np.sqrt(variance * generating / (self.remaining * tokens))  # [k_max+1]
-        return tokens / (self.all_step_seconds(rows) + tail * self.all_step_seconds(1))
+        return tokens / (seconds + tail * last_row_seconds)
 
     def best_k(self, acceptances: np.ndarray, rows: int) -> int:
         """``best_of_sums`` of the rows' running ``acceptances`` [R]."""
@@ -360,12 +361,13 @@ class CostOptimalLength(DraftLengthPolicy):
         at the batch's steady one. A plain step observes no acceptance, so a row's estimate that a few rejections
         pulled down would otherwise stay down until ``explore_every``: whether to draft at all is the batch's
         long-run question (the load's), how far to draft the rows' current one."""
-        rates = self.rates_of_sums(sums, rows)
+        seconds, last_row_seconds = self.all_step_seconds(rows), self.all_step_seconds(1)  # [k_max+1] each
+        rates = self.rates_of_sums(sums, seconds, last_row_seconds)
         drafting = rates[1:]
         k = int(np.argmax(drafting >= drafting.max() * (1 - TIE_TOLERANCE))) + 1  # the first of the best
         if rates[k] > rates[0] * (1 + self.margin):
             return k
-        steady = self.rates_of_sums(sums[0] * self.acceptance ** self.orders, rows)
+        steady = self.rates_of_sums(sums[0] * self.acceptance ** self.orders, seconds, last_row_seconds)
         return k if steady[1:].max() > steady[0] * (1 + self.margin) else 0
 
     def next_k(self) -> int:
