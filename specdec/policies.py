@@ -152,7 +152,8 @@ class CostOptimalLength(DraftLengthPolicy):
     prefill's). The exploration's cost is measured: its two steps' wall time beyond what plain steps take for the
     tokens they emitted (the mean row's), c plain steps. The interval to the next is c / ``EXPLORE_BUDGET`` plain
     steps, so that where drafting does not pay the explorations cost about 0.5% of the time, within
-    [``explore_every``, ``EXPLORE_MAX`` x ``explore_every``]; where drafting pays an exploration costs nothing and they come every ``explore_every``.
+    [``explore_every``, ``EXPLORE_MAX`` x ``explore_every``]; where drafting pays an exploration costs nothing and
+    they come every ``explore_every``.
     (At batch 64, T = 1, an exploration cost 1.4-1.6 plain steps, most of it the draft's first forward catching up
     on every token the plain steps emitted. An interval doubled at each exploration and reset by any step that
     drafted by choice explored again about 16 steps into each call: a call's last row, alone, drafts by choice.)
@@ -339,8 +340,8 @@ class CostOptimalLength(DraftLengthPolicy):
     def rates_of_sums(self, sums: np.ndarray, seconds: np.ndarray, last_row_seconds: np.ndarray) -> np.ndarray:
         """``rates`` from the acceptances' ``power_sums`` and the steps' ``all_step_seconds`` at the rows the forwards
         compute (``seconds``) and at one row (``last_row_seconds``, the tail's). Per row, with J the drafts kept of k
-        (a^j = P(J >= j)): E(a, k) = 1 + E[J] = sum_{j<=k} a^j, E[J^2] = sum_{j=1..k} (2j-1) a^j and E[J]^2 = sum_{i,j=1..k} a^(i+j);
-        summed over rows, each a^n becomes S_n."""
+        (a^j = P(J >= j)): E(a, k) = 1 + E[J] = sum_{j<=k} a^j, E[J^2] = sum_{j=1..k} (2j-1) a^j and
+        E[J]^2 = sum_{i,j=1..k} a^(i+j); summed over rows, each a^n becomes S_n."""
         generating = sums[0]  # R
         firsts = sums[:self.k_max + 1]  # [k_max+1] S_0..S_k_max
         tokens = firsts.cumsum()  # [k_max+1] sum_r E(a_r, k)
