@@ -137,6 +137,8 @@ class HostRun(DecodeRun):
             min_accepted=min(kept if kept >= 0 else depth for kept in accepted),
             max_new=max(new),
             min_new=min(new),
+            remaining=tuple(read["remaining"]),
+            kept=tuple(read.get("kept_or_idle", ())),
         )
 
     def retire_finished(self, num_active: int) -> None:

@@ -182,7 +182,7 @@ class CostOptimalLength(DraftLengthPolicy):
     the batch is the row, one time scale let a few rejections in a row pull a to near 0, and the plain steps chosen
     then observe nothing to pull it back (sampled at T = 1, such a policy drafted nothing on half its steps).
 
-    Reading the step's per-row counts costs one host copy per step. The arithmetic is numpy's on the host, and of
+    The step's per-row counts come from the loop's one host read of the step (``HostSync``). The arithmetic is numpy's on the host, and of
     the rows it needs only the power sums of their acceptances (``power_sums``), kept while they hold: where the
     policy decodes plain, a step's choice computes on vectors of k_max + 1. (With torch's operations on [R, k_max + 1]
     each step, ``next_k`` took 300 µs at batch 64 and the target's next forward ran 0.6 ms slower.) ``chosen_k``
@@ -404,20 +404,19 @@ class CostOptimalLength(DraftLengthPolicy):
         if self.costs is None:  # never asked for a k (a loop that does not speculate): nothing to learn
             return
         wall = time.perf_counter() - self.step_started
-        rows = outcome.num_accepted.shape[0]
-        self.remaining = max(outcome.host.remaining_max, 1) if outcome.host is not None else math.inf
-        accepted, active, after = torch.stack(
-            [outcome.num_accepted, outcome.active.long(), outcome.active_after.long()]).cpu().double().numpy()  # [B']
+        host = outcome.host  # the host loop's read of the step, per row too (the device step takes no adaptive policy)
+        rows, self.remaining = len(host.remaining), max(host.remaining_max, 1)
+        kept = np.array(host.kept, dtype=np.float64)  # [B'] drafts kept, -1: not generating; [0] where none drafted
         if self.first_step:
             self.call_rows, self.call_remaining = rows, self.remaining
         else:
             self.learn_costs(outcome, rows, wall)
             if self.exploring:
-                self.learn_exploring_cost(wall, accepted[active > 0], rows)
+                self.learn_exploring_cost(wall, float(kept[kept >= 0].mean()) if outcome.k else 0.0, rows)
         self.first_step = False
         if outcome.k:
-            self.learn_acceptance(accepted, active > 0, outcome.k)
-        generating = after > 0
+            self.learn_acceptance(np.maximum(kept, 0), kept >= 0, outcome.k)
+        generating = np.array(host.remaining) > 0  # [B'] rows that generate in the next step
         if self.generating is None or generating.sum() != self.generating.sum():
             self.row_sums = None
         self.rows_fed, self.generating = rows, generating
@@ -434,10 +433,10 @@ class CostOptimalLength(DraftLengthPolicy):
         self.successes = self.batch_decay * self.successes + float(successes.sum())
         self.trials = self.batch_decay * self.trials + float(trials.sum())
 
-    def learn_exploring_cost(self, wall: float, accepted: np.ndarray, rows: int) -> None:
-        """Add an exploring step's cost (``accepted`` [R], the drafts each generating row kept) to its exploration's,
-        in plain steps at the rows fed; after the exploration's second step, set the interval to the next."""
-        self.explore_excess += wall / self.step_seconds(0, rows) - float(accepted.mean()) - 1
+    def learn_exploring_cost(self, wall: float, kept: float, rows: int) -> None:
+        """Add an exploring step's cost (``kept``: the drafts the mean generating row kept) to its exploration's, in
+        plain steps at the rows fed; after the exploration's second step, set the interval to the next."""
+        self.explore_excess += wall / self.step_seconds(0, rows) - kept - 1
         if self.explore_again:
             return
         interval = round(self.explore_excess / EXPLORE_BUDGET)

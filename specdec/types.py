@@ -168,3 +168,5 @@ class HostSync:
     min_accepted: int
     max_new: int  # tokens emitted this step, over all rows (bounds the rollback)
     min_new: int
+    remaining: tuple[int, ...]  # [B'] each row's budget left after the step (0: the row is done)
+    kept: tuple[int, ...]  # [B'] drafts each row kept, -1 where the row did not generate; () where none was drafted

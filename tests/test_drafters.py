@@ -192,7 +192,8 @@ def test_batched_matching_equals_the_row_by_row_rule_through_ragged_commits():
             rows[i].extend(new_tokens[i, :count].tolist())
         live = num_accepted[active]
         host = HostSync(remaining_max=1, room_min=k, num_active=int(active.sum()), max_accepted=int(live.max()),
-                        min_accepted=int(live.min()), max_new=int(num_new.max()), min_new=int(num_new.min()))
+                        min_accepted=int(live.min()), max_new=int(num_new.max()), min_new=int(num_new.min()),
+                        remaining=(1,) * len(rows), kept=tuple(torch.where(active, num_accepted, -1).tolist()))
         drafter.commit(StepOutcome(k, ChainLayout(k), num_accepted, new_tokens[:, -1], chain_path(len(rows), k),
                                    new_tokens, num_new, active, active, host, 0.0, 0.0))
     assert drafter.lengths.tolist() == [len(r) for r in rows]

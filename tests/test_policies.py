@@ -29,7 +29,8 @@ def outcome(k: int, accepted: list[int], active: list[bool] | None = None, draft
     num_new = (num_accepted + 1) * active
     host = HostSync(remaining_max=64, room_min=k, num_active=int(active.sum()),
                     max_accepted=int(live.max()) if len(live) else -1, min_accepted=int(live.min()) if len(live) else k,
-                    max_new=int(num_new.max()), min_new=int(num_new.min()))
+                    max_new=int(num_new.max()), min_new=int(num_new.min()), remaining=tuple(64 * active.long()),
+                    kept=tuple(torch.where(active, num_accepted, -1).tolist()) if k else ())
     return StepOutcome(
         k=k, layout=ChainLayout(k), num_accepted=num_accepted, next_token=new_tokens[:, 0],
         path=torch.arange(1, k + 1).expand(len(accepted), k), new_tokens=new_tokens, num_new=num_new,
