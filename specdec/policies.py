@@ -123,9 +123,6 @@ COST_DECAY = 0.8  # per-step forgetting factor of the online corrections to the 
 PLAIN_SAMPLES = 3  # plain steps a drafting policy takes once, so that a plain step's overhead is measured too
 EXPLORE_BUDGET = 0.005  # the share of the time the explorations may cost where drafting does not pay, as measured
 EXPLORE_MAX = 16  # ... and they come at least once in this many times explore_every plain steps
-SHAPE_DECAY = 0.9  # per-step forgetting factor of a shape's correction to the scaled cost model
-SHAPE_PRIOR = 1.0  # steps' weight that shrinks a shape's correction towards none
-PROBE_RANGE = 0.1  # a probe tries a neighbouring k whose modelled rate is within this share of the best's
 
 
 class CostOptimalLength(DraftLengthPolicy):
@@ -172,11 +169,7 @@ class CostOptimalLength(DraftLengthPolicy):
     seconds, and the loop's overhead per step as the step's wall time beyond its forwards, apart for plain and for
     drafting steps (a drafting step also runs the acceptance rule, sampling's included: at T = 1 and batch 16, one
     overhead for both made k = 1 look faster than the plain loop, which it was not), each an exponentially weighted
-    mean (``COST_DECAY`` per step) started at its first observation; and each step shape's (k, and the rows to a
-    power of two) own correction over that scaled model, from its own steps (``learn_shape``): what the start-up
-    table got wrong for one width, or the acceptance rule's cost growing with k, one scale cannot correct. A shape
-    the policy never drafts is never corrected, so after ``explore_every`` - 1 drafting steps in a row it probes a
-    neighbouring k whose rate is within ``PROBE_RANGE`` (``probe``). So that both are measured, a policy that
+    mean (``COST_DECAY`` per step) started at its first observation. So that both are measured, a policy that
     drafts takes ``PLAIN_SAMPLES`` plain steps once, early in its first call. These corrections describe the machine, and
     the batch's acceptance the pair on its data: both carry across calls (the prior seeds the first), so a call
     does not start by drafting from the prior again; each call's rows start from the batch's acceptance.
@@ -233,11 +226,6 @@ class CostOptimalLength(DraftLengthPolicy):
         # 64 steps, and counted per call, an interval backed off past it never came, and a policy that had
         # stopped drafting decoded 8191 of 8192 steps plain, at 0.95x where fixed k = 4 ran 1.9x
         self.learned_draft_step = 0.0  # seconds per drafted token, for a drafter without a timed model
-        self.shape_logs: dict[int, np.ndarray] = {}  # by ``shape_bucket`` of the rows: [2, k_max+1] the weighted
-        # sums of log(measured / modelled seconds) of the steps drafting k there, and their weights
-        self.drafting_steps = 0  # steps drafting in a row since the last probe, across calls
-        self.probe_up = True  # the next probe tries k + 1 first, then k - 1 (they alternate)
-        self.last_rates = np.zeros(k_max + 1)  # [k_max+1] the modelled rates of the last choice
         self.successes = self.prior_acceptance * self.prior_weight  # weighted accepted positions, all rows
         self.trials = self.prior_weight  # weighted verified positions, all rows
         self.call_rows = 1  # the last call's batch size: the rows a call's first choice assumes
@@ -319,18 +307,10 @@ class CostOptimalLength(DraftLengthPolicy):
         return draft + self.target_scale * verify
 
     def step_seconds(self, k: int, rows: int) -> float:
-        return float(self.all_step_seconds(rows)[k])
+        return self.forward_seconds(k, rows) + self.overhead(k)
 
     def all_step_seconds(self, rows: int) -> np.ndarray:
-        """[k_max+1] the modelled seconds of a step drafting k = 0..k_max at ``rows`` rows: ``scaled_step_seconds``
-        times the shape's correction (``learn_shape``)."""
-        seconds = self.scaled_step_seconds(rows)
-        logs = self.shape_logs.get(shape_bucket(rows))
-        return seconds if logs is None else seconds * np.exp(logs[0] / (logs[1] + SHAPE_PRIOR))
-
-    def scaled_step_seconds(self, rows: int) -> np.ndarray:
-        """[k_max+1] the table's forwards at the draft's and the target's scales, which every step teaches, and the
-        loop's overhead for the kind of step."""
+        """[k_max+1] ``step_seconds`` of k = 0..k_max."""
         seconds = self.all_forward_seconds(rows) + self.overhead(1)
         seconds[0] += self.overhead(0) - self.overhead(1)
         return seconds
@@ -383,7 +363,7 @@ class CostOptimalLength(DraftLengthPolicy):
         pulled down would otherwise stay down until ``explore_every``: whether to draft at all is the batch's
         long-run question (the load's), how far to draft the rows' current one."""
         seconds, last_row_seconds = self.all_step_seconds(rows), self.all_step_seconds(1)  # [k_max+1] each
-        rates = self.last_rates = self.rates_of_sums(sums, seconds, last_row_seconds)
+        rates = self.rates_of_sums(sums, seconds, last_row_seconds)
         drafting = rates[1:]
         k = int(np.argmax(drafting >= drafting.max() * (1 - TIE_TOLERANCE))) + 1  # the first of the best
         if rates[k] > rates[0] * (1 + self.margin):
@@ -404,25 +384,12 @@ class CostOptimalLength(DraftLengthPolicy):
         elif self.plain_observed < PLAIN_SAMPLES and not self.first_step:  # a plain step's overhead, measured once
             k = 0
         else:
-            k = self.probe(self.best_of_sums(self.row_power_sums(), self.rows_fed))
+            k = self.best_of_sums(self.row_power_sums(), self.rows_fed)
         self.plain_steps = 0 if k else self.plain_steps + 1
         self.chosen_k.append(k)
         self.pending_model = self.step_seconds(k, self.rows_fed)
         self.step_started = time.perf_counter()
         return k
-
-    def probe(self, k: int) -> int:
-        """``k``, or after ``explore_every`` - 1 drafting steps in a row a neighbouring k whose modelled rate is
-        within ``PROBE_RANGE`` of k's (k + 1 and k - 1 in turn), so that the cost of its shape is measured too: the
-        table a process measured at start-up can misprice one width (at one row, 5 tokens verified in 8.1 ms in one
-        process and 11.0 in another), and a shape never drafted is never corrected."""
-        self.drafting_steps = self.drafting_steps + 1 if k else 0
-        if self.drafting_steps < self.explore_every:
-            return k
-        order = (k + 1, k - 1) if self.probe_up else (k - 1, k + 1)
-        self.drafting_steps, self.probe_up = 0, not self.probe_up
-        rates = self.last_rates  # [k_max+1] of the choice just made
-        return next((n for n in order if 1 <= n <= self.k_max and rates[n] >= (1 - PROBE_RANGE) * rates[k]), k)
 
     def ensure_costs(self, rows: int) -> None:
         """Measure the costs where none are known yet, or where the batch outgrows the rows measured."""
@@ -490,8 +457,6 @@ class CostOptimalLength(DraftLengthPolicy):
         # the prompt): a cost of switching, not of drafting k (learned from it, one exploring step at batch 16 made
         # every drafted token look 2.4x its price, and the policy stopped drafting where k = 2 paid 14%).
         drafted_before = len(self.chosen_k) >= 2 and self.chosen_k[-2] > 0
-        if k == 0 or drafted_before:
-            self.learn_shape(k, rows, wall)  # before the scales learn from the same step
         if k and drafted_before and math.isfinite(outcome.draft_seconds) and outcome.draft_seconds > 0:
             if costs.draft is None:
                 per_token = outcome.draft_seconds / k
@@ -506,17 +471,6 @@ class CostOptimalLength(DraftLengthPolicy):
         self.overheads[kind] = overhead if known is None else COST_DECAY * known + (1 - COST_DECAY) * overhead
         self.plain_observed += k == 0
 
-    def learn_shape(self, k: int, rows: int, wall: float) -> None:
-        """Learn how far steps of the shape (k, and ``rows`` to a power of two) run from ``scaled_step_seconds``: the
-        log of a step's ``wall`` seconds over that model, a weighted mean (``SHAPE_DECAY`` per step of the shape)
-        shrunk towards 0 by ``SHAPE_PRIOR`` steps (a shape's first step moves it half way). The scales and
-        the overheads that every step teaches follow the machine; what the table gets wrong for one shape they
-        cannot correct: at batch 16, T = 1, steps drafting k = 0..3 took 1.14, 1.23, 1.27 and 1.29 times the
-        table's forwards in one run (the acceptance rule and sampling grow with the k + 1 positions verified)."""
-        logs = self.shape_logs.setdefault(shape_bucket(rows), np.zeros((2, self.k_max + 1)))
-        logs[:, k] *= SHAPE_DECAY
-        logs[:, k] += (math.log(wall / self.scaled_step_seconds(rows)[k]), 1.0)
-
     def select_rows(self, index: torch.Tensor) -> None:
         index = index.cpu().numpy()
         self.rows_fed, self.row_sums = index.shape[0], None
@@ -528,11 +482,6 @@ class CostOptimalLength(DraftLengthPolicy):
         if not self.measured:
             return None
         return statistics.fmean(self.modelled), statistics.fmean(self.measured)
-
-
-def shape_bucket(rows: int) -> int:
-    """The power of two nearest ``rows`` (in log scale), as its exponent: the rows whose steps share a cost scale."""
-    return round(math.log2(rows))
 
 
 def tail_factor(rows: int) -> float:
