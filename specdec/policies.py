@@ -12,10 +12,12 @@ Adaptive policies reset their state in ``start``, so every ``generate`` call beg
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -125,6 +127,13 @@ EXPLORE_BUDGET = 0.005  # the share of the time the explorations may cost where 
 EXPLORE_MAX = 16  # ... and they come at least once in this many times explore_every plain steps
 
 
+class RateTerms(NamedTuple):
+    """What a step's expected rate needs of the rows generating (``CostOptimalLength.rate_terms``)."""
+
+    tokens: np.ndarray  # [k_max+1] tokens a step drafting k emits, summed over the rows
+    spread: np.ndarray  # [k_max+1] its tail's z(R) s_k sqrt(R / tokens): the tail is spread / sqrt(remaining)
+
+
 class CostOptimalLength(DraftLengthPolicy):
     """Each step, the k in [0, k_max] that maximises the batch's expected tokens per second as it is now:
 
@@ -170,8 +179,8 @@ class CostOptimalLength(DraftLengthPolicy):
     drafting steps (a drafting step also runs the acceptance rule, sampling's included: at T = 1 and batch 16, one
     overhead for both made k = 1 look faster than the plain loop, which it was not), each an exponentially weighted
     mean (``COST_DECAY`` per step) started at its first observation. So that both are measured, a policy that
-    drafts takes ``PLAIN_SAMPLES`` plain steps once, early in its first call. These corrections describe the machine, and
-    the batch's acceptance the pair on its data: both carry across calls (the prior seeds the first), so a call
+    drafts takes ``PLAIN_SAMPLES`` plain steps once, early in its first call. These corrections describe the machine,
+    and the batch's acceptance the pair on its data: both carry across calls (the prior seeds the first), so a call
     does not start by drafting from the prior again; each call's rows start from the batch's acceptance.
 
     Acceptance: a step in which a row kept n of k drafts is n successes in n + [n < k] Bernoulli(a) trials (the
@@ -182,12 +191,12 @@ class CostOptimalLength(DraftLengthPolicy):
     the batch is the row, one time scale let a few rejections in a row pull a to near 0, and the plain steps chosen
     then observe nothing to pull it back (sampled at T = 1, such a policy drafted nothing on half its steps).
 
-    The step's per-row counts come from the loop's one host read of the step (``HostSync``). The arithmetic is numpy's on the host, and of
-    the rows it needs only the power sums of their acceptances (``power_sums``), kept while they hold: where the
-    policy decodes plain, a step's choice computes on vectors of k_max + 1. (With torch's operations on [R, k_max + 1]
-    each step, ``next_k`` took 300 µs at batch 64 and the target's next forward ran 0.6 ms slower.) ``chosen_k``
-    records each ``next_k`` answer; ``step_costs()`` the mean modelled and measured seconds per decode step of the
-    last call. Tree drafters are
+    The step's per-row counts come from the loop's one host read of the step (``HostSync``). The arithmetic is
+    numpy's on the host, and of the rows it needs only what the power sums of their acceptances give
+    (``rate_terms``), kept while they hold: where the policy decodes plain, a step's choice is a few operations on
+    vectors of k_max + 1 (with torch's operations on [R, k_max + 1] each step, ``next_k`` took 300 µs at batch 64
+    and the target's next forward ran 0.6 ms slower). ``chosen_k`` records each ``next_k`` answer;
+    ``step_costs()`` the mean modelled and measured seconds per decode step of the last call. Tree drafters are
     modelled as chains of their depth.
     """
 
@@ -256,7 +265,8 @@ class CostOptimalLength(DraftLengthPolicy):
 
     def start(self) -> None:
         self.row_successes = self.row_trials = None  # [B'] per row, from the call's first step on
-        self.row_sums: np.ndarray | None = None  # ``row_power_sums``'s, None once they change
+        self.row_terms: RateTerms | None = None  # ``row_rate_terms``', None once they change
+        self.steady_terms: RateTerms | None = None  # ``steady_rate_terms``', likewise
         self.generating: np.ndarray | None = None  # [B'] bool, rows that generate in the next step
         self.first_step = True
         self.rows_fed = self.call_rows  # rows the next step's forwards compute
@@ -325,21 +335,32 @@ class CostOptimalLength(DraftLengthPolicy):
         """[2 k_max + 1] S_j = sum_r a_r^j over the rows' ``acceptances`` [R]: all that ``rates`` needs of them."""
         return (acceptances[:, None] ** self.orders).sum(0)
 
-    def row_power_sums(self) -> np.ndarray:
-        """``power_sums`` of the rows generating, kept until a drafting step, a row finishing or leaving changes
-        them: where the policy decodes plain, a step's choice then computes on [k_max + 1] vectors only."""
-        if self.row_sums is None:
-            self.row_sums = self.power_sums(self.row_acceptances())
-        return self.row_sums
+    def row_rate_terms(self) -> RateTerms:
+        """``rate_terms`` of the rows generating, kept until a drafting step, a row finishing or leaving changes
+        them: where the policy decodes plain, a step's choice then computes a few operations on [k_max + 1]
+        vectors."""
+        if self.row_terms is None:
+            self.row_terms = self.rate_terms(self.power_sums(self.row_acceptances()))
+        return self.row_terms
+
+    def steady_rate_terms(self) -> RateTerms:
+        """``rate_terms`` of as many rows at the batch's steady acceptance, kept as ``row_rate_terms`` are (only a
+        drafting step changes that acceptance)."""
+        if self.steady_terms is None:
+            rows = self.row_rate_terms().tokens[0]  # S_0 = R
+            self.steady_terms = self.rate_terms(rows * self.acceptance ** self.orders)
+        return self.steady_terms
 
     def rates(self, acceptances: np.ndarray, rows: int) -> np.ndarray:
         """[k_max + 1] expected tokens per second of a step drafting k = 0..k_max, for rows generating at
         ``acceptances`` [R] while the forwards compute ``rows`` rows, the call's tail included."""
-        return self.rates_of_sums(self.power_sums(acceptances), self.all_step_seconds(rows), self.all_step_seconds(1))
+        terms = self.rate_terms(self.power_sums(acceptances))
+        return self.rates_of_terms(terms, self.all_step_seconds(rows), self.all_step_seconds(1))
 
-    def rates_of_sums(self, sums: np.ndarray, seconds: np.ndarray, last_row_seconds: np.ndarray) -> np.ndarray:
-        """``rates`` from the acceptances' ``power_sums`` and the steps' ``all_step_seconds`` at the rows the forwards
-        compute (``seconds``) and at one row (``last_row_seconds``, the tail's). Per row, with J the drafts kept of k
+    def rate_terms(self, sums: np.ndarray) -> RateTerms:
+        """What ``rates`` needs of the rows, from their acceptances' ``power_sums``: [k_max+1] each, the tokens a
+        step drafting k emits, summed over the rows, and its tail's spread, z(R) s_k sqrt(R / sum_r E(a_r, k)) (the
+        tail over ``remaining`` and the last row's step: ``rates_of_terms``). Per row, with J the drafts kept of k
         (a^j = P(J >= j)): E(a, k) = 1 + E[J] = sum_{j<=k} a^j, E[J^2] = sum_{j=1..k} (2j-1) a^j and
         E[J]^2 = sum_{i,j=1..k} a^(i+j); summed over rows, each a^n becomes S_n."""
         generating = sums[0]  # R
@@ -349,27 +370,34 @@ class CostOptimalLength(DraftLengthPolicy):
         squared_means = np.zeros(self.k_max + 1)  # [k_max+1] sum_r E[J_r]^2: S_{i+j} over the k x k block
         squared_means[1:] = sums[self.pair_orders].cumsum(0).cumsum(1).diagonal()
         variance = np.maximum(kept_squared - squared_means, 0) / generating  # [k_max+1] the mean row's Var J
-        tail = tail_factor(round(generating)) * np.sqrt(variance * generating / (self.remaining * tokens))  # [k_max+1]
-        return tokens / (seconds + tail * last_row_seconds)
+        return RateTerms(tokens, tail_factor(round(generating)) * np.sqrt(variance * generating / tokens))
+
+    def rates_of_terms(self, terms: RateTerms, seconds: np.ndarray, last_row_seconds: np.ndarray) -> np.ndarray:
+        """``rates`` from the rows' ``rate_terms`` and the steps' ``all_step_seconds`` at the rows the forwards
+        compute (``seconds``) and at one row (``last_row_seconds``, the tail's)."""
+        tail = terms.spread / math.sqrt(self.remaining)  # [k_max+1]
+        return terms.tokens / (seconds + tail * last_row_seconds)
 
     def best_k(self, acceptances: np.ndarray, rows: int) -> int:
-        """``best_of_sums`` of the rows' running ``acceptances`` [R]."""
-        return self.best_of_sums(self.power_sums(acceptances), rows)
+        """``best_of_terms`` of the rows' running ``acceptances`` [R]."""
+        sums = self.power_sums(acceptances)
+        steady = sums[0] * self.acceptance ** self.orders  # [2 k_max+1] as many rows at the batch's acceptance
+        return self.best_of_terms(self.rate_terms(sums), lambda: self.rate_terms(steady), rows)
 
-    def best_of_sums(self, sums: np.ndarray, rows: int) -> int:
-        """The k >= 1 of the highest rate at the rows' running acceptances (their ``power_sums``), the smallest
+    def best_of_terms(self, terms: RateTerms, steady: Callable[[], RateTerms], rows: int) -> int:
+        """The k >= 1 of the highest rate at the rows' running acceptances (their ``rate_terms``), the smallest
         within a relative 1e-9 of it; 0 where that does not beat k = 0's rate by ``margin`` at those acceptances nor
-        at the batch's steady one. A plain step observes no acceptance, so a row's estimate that a few rejections
-        pulled down would otherwise stay down until ``explore_every``: whether to draft at all is the batch's
-        long-run question (the load's), how far to draft the rows' current one."""
+        at the batch's ``steady`` one (computed only then). A plain step observes no acceptance, so a row's
+        estimate that a few rejections pulled down would otherwise stay down until ``explore_every``: whether to
+        draft at all is the batch's long-run question (the load's), how far to draft the rows' current one."""
         seconds, last_row_seconds = self.all_step_seconds(rows), self.all_step_seconds(1)  # [k_max+1] each
-        rates = self.rates_of_sums(sums, seconds, last_row_seconds)
+        rates = self.rates_of_terms(terms, seconds, last_row_seconds)
         drafting = rates[1:]
         k = int(np.argmax(drafting >= drafting.max() * (1 - TIE_TOLERANCE))) + 1  # the first of the best
         if rates[k] > rates[0] * (1 + self.margin):
             return k
-        steady = self.rates_of_sums(sums[0] * self.acceptance ** self.orders, seconds, last_row_seconds)
-        return k if steady[1:].max() > steady[0] * (1 + self.margin) else 0
+        steady_rates = self.rates_of_terms(steady(), seconds, last_row_seconds)
+        return k if steady_rates[1:].max() > steady_rates[0] * (1 + self.margin) else 0
 
     def next_k(self) -> int:
         self.ensure_costs(self.rows_fed)
@@ -384,7 +412,7 @@ class CostOptimalLength(DraftLengthPolicy):
         elif self.plain_observed < PLAIN_SAMPLES and not self.first_step:  # a plain step's overhead, measured once
             k = 0
         else:
-            k = self.best_of_sums(self.row_power_sums(), self.rows_fed)
+            k = self.best_of_terms(self.row_rate_terms(), self.steady_rate_terms, self.rows_fed)
         self.plain_steps = 0 if k else self.plain_steps + 1
         self.chosen_k.append(k)
         self.pending_model = self.step_seconds(k, self.rows_fed)
@@ -418,7 +446,7 @@ class CostOptimalLength(DraftLengthPolicy):
             self.learn_acceptance(np.maximum(kept, 0), kept >= 0, outcome.k)
         generating = np.array(host.remaining) > 0  # [B'] rows that generate in the next step
         if self.generating is None or generating.sum() != self.generating.sum():
-            self.row_sums = None
+            self.row_terms = self.steady_terms = None
         self.rows_fed, self.generating = rows, generating
 
     def learn_acceptance(self, accepted: np.ndarray, active: np.ndarray, k: int) -> None:
@@ -429,7 +457,7 @@ class CostOptimalLength(DraftLengthPolicy):
             self.row_successes, self.row_trials = np.zeros_like(successes), np.zeros_like(trials)
         self.row_successes = self.decay * self.row_successes + successes
         self.row_trials = self.decay * self.row_trials + trials
-        self.row_sums = None
+        self.row_terms = self.steady_terms = None
         self.successes = self.batch_decay * self.successes + float(successes.sum())
         self.trials = self.batch_decay * self.trials + float(trials.sum())
 
@@ -473,7 +501,7 @@ class CostOptimalLength(DraftLengthPolicy):
 
     def select_rows(self, index: torch.Tensor) -> None:
         index = index.cpu().numpy()
-        self.rows_fed, self.row_sums = index.shape[0], None
+        self.rows_fed, self.row_terms, self.steady_terms = index.shape[0], None, None
         self.generating = self.generating[index]
         if self.row_successes is not None:
             self.row_successes, self.row_trials = self.row_successes[index], self.row_trials[index]
@@ -484,6 +512,7 @@ class CostOptimalLength(DraftLengthPolicy):
         return statistics.fmean(self.modelled), statistics.fmean(self.measured)
 
 
+@functools.cache
 def tail_factor(rows: int) -> float:
     """The expected largest of ``rows`` standard normals (Blom's approximation; 0 for one row): how many standard
     deviations the slowest of ``rows`` rows falls behind the mean."""

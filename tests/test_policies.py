@@ -230,6 +230,26 @@ def test_cost_optimal_rates_from_power_sums_are_the_per_row_sums_with_the_tail()
     assert max(variances) > 0.1  # the tail is material at these acceptances
 
 
+def test_cost_optimal_keeps_its_rows_terms_only_while_they_hold():
+    """The rows' rate terms are kept between steps; after drafting steps, plain ones, a row finishing and rows
+    leaving, the kept terms are always those computed afresh from the rows' acceptances."""
+    policy = CostOptimalLength(k_max=4, costs=costs_growing(per_token=0.001, draft=0.05))
+    steps = [(2, [2, 0, 1, 2], None), (0, [0, 0, 0, 0], None), (3, [3, 1, 0, 2], None),
+             (1, [1, 0, 1, 1], [True, True, False, True]), (0, [0, 0, 0, 0], [True, True, False, True])]
+    for k, accepted, active in steps:
+        policy.next_k()
+        policy.chosen_k[-1] = k
+        policy.observe(outcome(k, accepted, active))
+        sums = policy.power_sums(policy.row_acceptances())
+        fresh = policy.rate_terms(sums), policy.rate_terms(sums[0] * policy.acceptance ** policy.orders)
+        for kept, computed in zip((policy.row_rate_terms(), policy.steady_rate_terms()), fresh):
+            assert np.allclose(kept, computed, rtol=1e-12)
+    policy.select_rows(torch.tensor([0, 1, 3]))  # the finished row leaves the batch
+    assert len(policy.row_acceptances()) == 3
+    assert np.allclose(policy.row_rate_terms().tokens, policy.rate_terms(
+        policy.power_sums(policy.row_acceptances())).tokens, rtol=1e-12)
+
+
 def test_cost_optimal_estimates_acceptance_per_row_and_follows_rows_that_leave():
     policy = CostOptimalLength(k_max=4, prior_acceptance=0.5, prior_weight=2.0, decay=0.5, batch_decay=0.25,
                                costs=costs_growing(per_token=0.0))
