@@ -12,7 +12,6 @@ Adaptive policies reset their state in ``start``, so every ``generate`` call beg
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 import time
@@ -513,7 +512,6 @@ class CostOptimalLength(DraftLengthPolicy):
         return statistics.fmean(self.modelled), statistics.fmean(self.measured)
 
 
-@functools.cache
 def tail_factor(rows: int) -> float:
     """The expected largest of ``rows`` standard normals (Blom's approximation; 0 for one row): how many standard
     deviations the slowest of ``rows`` rows falls behind the mean."""
