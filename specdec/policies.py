@@ -434,7 +434,7 @@ class CostOptimalLength(DraftLengthPolicy):
         wall = time.perf_counter() - self.step_started
         host = outcome.host  # the host loop's read of the step, per row too (the device step takes no adaptive policy)
         rows, self.remaining = len(host.remaining), max(host.remaining_max, 1)
-        kept = np.array(host.kept, dtype=np.float64)  # [B'] drafts kept, -1: not generating; [0] where none drafted
+        kept = np.array(host.kept, dtype=np.float64)  # [B'] drafts kept, -1: not generating; empty: none drafted
         if self.first_step:
             self.call_rows, self.call_remaining = rows, self.remaining
         else:
