@@ -123,7 +123,7 @@ TIE_TOLERANCE = 1e-9  # relative: predicted rates closer than this count as equa
 COST_DECAY = 0.8  # per-step forgetting factor of the online corrections to the cost model
 PLAIN_SAMPLES = 3  # plain steps a drafting policy takes once, so that a plain step's overhead is measured too
 EXPLORE_BUDGET = 0.005  # the share of the time the explorations may cost where drafting does not pay, as measured
-EXPLORE_MAX = 64  # ... and they come at least once in this many times explore_every plain steps
+EXPLORE_MAX = 16  # ... and they come at least once in this many times explore_every plain steps
 
 
 class RateTerms(NamedTuple):
@@ -162,10 +162,9 @@ class CostOptimalLength(DraftLengthPolicy):
     steps, so that where drafting does not pay the explorations cost about 0.5% of the time, within
     [``explore_every``, ``EXPLORE_MAX`` x ``explore_every``]; where drafting pays an exploration costs nothing and
     they come every ``explore_every``.
-    (At batch 64, T = 1, an exploration cost 1.4-2.4 plain steps, most of it the draft's first forward catching up
-    on every token the plain steps emitted: 300-480 steps asked, where a cap of 16 x 16 spent 1.4% exploring. An
-    interval doubled at each exploration and reset by any step that drafted by choice explored again about 16 steps
-    into each call: a call's last row, alone, drafts by choice.)
+    (At batch 64, T = 1, an exploration cost 1.4-1.6 plain steps, most of it the draft's first forward catching up
+    on every token the plain steps emitted. An interval doubled at each exploration and reset by any step that
+    drafted by choice explored again about 16 steps into each call: a call's last row, alone, drafts by choice.)
     As the batch grows the target's verification costs grow with B' (k + 1), and the choice shortens to k = 0; as
     rows finish and leave, it lengthens again.
 

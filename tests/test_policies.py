@@ -289,7 +289,7 @@ def test_cost_optimal_explores_as_rarely_as_its_measured_cost_asks_and_often_aga
     """Two rows that keep no draft: an exploring step drafting one token costs 12.1 s where a plain step takes 11 s
     and emits as much, so an exploration of two steps costs 0.2 plain steps, and the next comes 0.2 / 0.5% = 40 steps
     later. With verification free and the draft free, an exploration costs nothing: they come every
-    ``explore_every`` again. Where they cost more than 64 x ``explore_every`` allows, they come at that."""
+    ``explore_every`` again. Where they cost more than 16 x ``explore_every`` allows, they come at that."""
     clock = [0.0]
     monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     policy = CostOptimalLength(k_max=4, prior_acceptance=0.05, costs=costs_growing(per_token=0.5, fixed=10.0),
@@ -302,9 +302,9 @@ def test_cost_optimal_explores_as_rarely_as_its_measured_cost_asks_and_often_aga
     policy.costs = costs_growing(per_token=0.0, fixed=10.0, draft=0.0)
     ks = [step_on_clock(policy, clock, [0, 0]) for _ in range(40)]
     assert policy.explore_interval == 5 and 0 < ks.count(1) <= 16 and not any(k > 1 for k in ks)
-    policy.costs = costs_growing(per_token=4.0)  # an exploring step costs 17.1 s, a plain one 9 s: 360 steps asked
-    ks = [step_on_clock(policy, clock, [0, 0]) for _ in range(700)]
-    assert policies.EXPLORE_MAX * 5 == 320 and policy.explore_interval == 320 and 4 <= ks.count(1) <= 6
+    policy.costs = costs_growing(per_token=1.0)  # an exploring step costs 5.1 s, a plain one 3 s: 280 steps asked
+    ks = [step_on_clock(policy, clock, [0, 0]) for _ in range(200)]
+    assert policy.explore_interval == 80 and 2 <= ks.count(1) <= 6
 
 
 def test_cost_optimal_learns_an_overestimated_draft_cost_back_while_it_only_explores():
@@ -403,16 +403,16 @@ def test_cost_optimal_prices_a_drafts_first_forward_apart_and_learns_the_same_sc
 
 
 def test_cost_optimal_keeps_exploring_across_calls_shorter_than_its_interval(monkeypatch):
-    """Calls of 10 steps, and explorations that cost enough to come 128 steps apart: the plain steps are counted
+    """Calls of 10 steps, and explorations that cost enough to come 80 steps apart: the plain steps are counted
     across calls, so the explorations still come (counted per call, none came once the interval outgrew a call),
     and never on a call's first step, whose wall time is the prefill's."""
     clock = [0.0]
     monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    policy = CostOptimalLength(k_max=4, prior_acceptance=0.05, costs=costs_growing(per_token=1.0), explore_every=2)
+    policy = CostOptimalLength(k_max=4, prior_acceptance=0.05, costs=costs_growing(per_token=1.0), explore_every=5)
     ks = []
     for _ in range(40):  # calls
         policy.start()
         ks += [step_on_clock(policy, clock, [0, 0]) for _ in range(10)]
     late = [step for step, k in enumerate(ks) if k and step >= 150]  # once the interval is past a call's 10 steps
-    assert policy.explore_interval == 128 and len(late) >= 4 and len(late) % 2 == 0
+    assert policy.explore_interval == 80 and len(late) >= 4 and len(late) % 2 == 0
     assert not any(ks[step] and ks[step - 1] == 0 for step in range(10, len(ks), 10))  # no call opens exploring
