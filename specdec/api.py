@@ -56,8 +56,9 @@ class Decoder:
         """``time_phases=False`` skips the device syncs that split each step's time into draft / target / other
         (they cost a little on GPU); those timings and the cost ratio are then NaN. ``cache_layout`` is the
         target's transformers cache's: "dynamic" (grows) or "static" (preallocated, fixed addresses).
-        ``retire_finished_rows``: rows that finish leave the batch, so later forwards skip them (where both the
-        target's cache and the drafter can drop rows). Greedy outputs do not change; sampled ones do, since the
+        ``retire_finished_rows``: rows that finish leave the batch, so later forwards skip them, once feeding them
+        as holes would cost more than moving the others' caches (``specdec.decode.HostRun.retire_finished``; where
+        both the target's cache and the drafter can drop rows). Greedy outputs do not change; sampled ones do, since the
         random stream follows the batch's shape (each is still exact). ``compile=True`` runs the target's decode
         and verify forwards compiled (``specdec.cache.CachedModel``); the drafter compiles its own when built with
         ``compile=True``. ``forward``: "auto" (the lean forward where ``specdec.lean`` supports the model, else

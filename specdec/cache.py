@@ -498,8 +498,20 @@ class LeanCache(KVCache):
         self.slot_index = torch.arange(self.capacity, device=self.length.device)
 
     def select_rows(self, index: torch.Tensor) -> None:
-        self.keys = [states[index] for states in self.keys]
-        self.values = [states[index] for states in self.values]
+        """Move the rows ``index`` [B''] (ascending) to the front of the buffers in place: only the rows that change
+        place, only the slots written so far (``bound``), layer by layer through one scratch. The buffers become
+        their first B'' rows. (Gathered into new buffers of the whole capacity, a row leaving batch 16 cost 36 ms on
+        a 2-core CPU, most of it faulting in fresh memory: more than two decode steps.)"""
+        kept, span = index.shape[0], self.bound
+        places = torch.arange(kept, device=index.device)  # [B'']
+        first = int(torch.where(index != places, places, kept).min())  # rows before it stay where they are
+        moving = index[first:]  # [M]
+        scratch = self.keys[0].new_empty(moving.shape[0], self.keys[0].shape[1], span, self.keys[0].shape[3])
+        for states in (*self.keys, *self.values):  # [B', H, C, D] each; scratch [M, H, S, D]
+            torch.index_select(states[:, :, :span], 0, moving, out=scratch)
+            states[first:kept, :, :span] = scratch
+        self.keys = [states[:kept] for states in self.keys]
+        self.values = [states[:kept] for states in self.values]
         self.length = self.length[index]
         self.region_slots, self.region_valid = self.region_slots[index], self.region_valid[index]
         self.region_count = self.region_count[index]

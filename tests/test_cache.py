@@ -139,6 +139,57 @@ def test_finished_rows_leave_the_batch_and_greedy_results_stay_the_same(target, 
     assert retired_widths == sorted(retired_widths, reverse=True) and retired_widths[-1] < 4
 
 
+def test_a_lean_cache_moves_the_rows_it_keeps_in_place_and_their_logits_stay_exact(target):
+    """Rows leave a lean cache in place: the rows kept move to the front of the same buffers (row 0 stays, rows 2
+    and 3 move up), and the next step's logits are those of a cache that only ever held the rows kept."""
+    prompts = random_prompts([4, 9, 6, 3], seed=24)
+    ids, mask = left_pad(prompts)
+    runner = CachedModel(target, "target", forward="lean")
+    cache = runner.new_cache(4, 32, torch.device("cpu"))
+    cache.feed(ids, mask)
+    cache.keep(mask.bool(), prefix=True, max_kept=ids.shape[1])
+    buffers = [states.data_ptr() for states in cache.keys]
+    cache.select_rows(torch.tensor([0, 2, 3]))
+    assert [states.data_ptr() for states in cache.keys] == buffers and cache.keys[0].shape[0] == 3
+    nxt = torch.tensor([[5], [6], [7]])
+    logits = cache.feed(nxt).logits[:, -1]
+    expected = [target(torch.tensor([prompts[row] + n])).logits[0, -1] for row, n in zip((0, 2, 3), ([5], [6], [7]))]
+    assert torch.allclose(logits, torch.stack(expected), atol=1e-5)
+
+
+def eos_finishing_one_row(outputs: list[list[int]], positions: range) -> tuple[int, int]:
+    """A token that only one row emits, first at one of ``positions``: (the token, that position)."""
+    for row, tokens in enumerate(outputs):
+        for position in positions:
+            token = tokens[position]
+            others = [t for other, out in enumerate(outputs) if other != row for t in out]
+            if token not in tokens[:position] and token not in others:
+                return token, position
+    raise AssertionError(f"no row's token at {positions} is its own: pick other prompts")
+
+
+@pytest.mark.parametrize("finish", ["early", "late"])
+def test_a_finished_row_leaves_only_while_enough_steps_are_left_to_repay_moving_the_rest(target, finish):
+    """A row that finishes with many steps left leaves the batch at once; one that finishes with two steps left
+    stays as holes (1 row x 2 steps < ROW_STEPS_PER_ROW_KEPT x 3 rows): moving the other rows' caches would cost
+    more than the two forwards it still feeds. Greedy outputs are the same either way."""
+    from specdec.decode import ROW_STEPS_PER_ROW_KEPT
+
+    new_tokens = 24
+    prompts = random_prompts([5, 8, 6, 7], seed=40)
+    outputs = [hf_greedy(target, prompt, new_tokens) for prompt in prompts]
+    positions = range(2, 8) if finish == "early" else range(new_tokens - 6, new_tokens - 1)
+    eos, position = eos_finishing_one_row(outputs, positions)
+    steps_left = new_tokens - position - 1
+    assert (steps_left * 1 >= ROW_STEPS_PER_ROW_KEPT * 3) == (finish == "early")
+    ids, mask = left_pad(prompts)
+    with watch_forwards(target) as shapes:
+        out = specdec.Decoder(target).generate(ids, mask, max_new_tokens=new_tokens, eos_token_id=eos)
+    assert out.tokens == [hf_greedy(target, prompt, new_tokens, eos_token_id=eos) for prompt in prompts]
+    widths = [shape[0] for shape in shapes]
+    assert widths == [4] * (position + 1) + [3 if finish == "early" else 4] * steps_left
+
+
 def test_static_caches_are_pooled_by_their_decoder_and_freed_by_release(target, draft):
     """Compiled code guards on the cache tensors and CUDA graphs replay on their addresses: a later call of the same
     Decoder and batch size gets the same tensors back, emptied; one that needs more room gets a larger cache, which
