@@ -130,7 +130,8 @@ class RateTerms(NamedTuple):
     """What a step's expected rate needs of the rows generating (``CostOptimalLength.rate_terms``)."""
 
     tokens: np.ndarray  # [k_max+1] tokens a step drafting k emits, summed over the rows
-    spread: np.ndarray  # [k_max+1] its tail's z(R) s_k sqrt(R / tokens): the tail is spread / sqrt(remaining)
+    deviation: np.ndarray  # [k_max+1] s_k / sqrt(m_k): the sd of the tokens a row gains in the R / m_k steps it
+    # needs for R tokens is deviation sqrt(R), and its tail is z deviation / sqrt(R) steps per step
 
 
 class CostOptimalLength(DraftLengthPolicy):
@@ -270,6 +271,7 @@ class CostOptimalLength(DraftLengthPolicy):
         self.first_step = True
         self.rows_fed = self.call_rows  # rows the next step's forwards compute
         self.remaining = self.call_remaining  # tokens left to the row furthest behind (inf: unknown, no tail)
+        self.rows_left: np.ndarray | None = None  # [R] tokens left to each generating row (None: all at remaining)
         self.step_started = math.nan
         self.chosen_k: list[int] = []
         self.modelled: list[float] = []  # per decode step: the model's seconds for the k it chose
@@ -358,8 +360,8 @@ class CostOptimalLength(DraftLengthPolicy):
 
     def rate_terms(self, sums: np.ndarray) -> RateTerms:
         """What ``rates`` needs of the rows, from their acceptances' ``power_sums``: [k_max+1] each, the tokens a
-        step drafting k emits, summed over the rows, and its tail's spread, z(R) s_k sqrt(R / sum_r E(a_r, k)) (the
-        tail over ``remaining`` and the last row's step: ``rates_of_terms``). Per row, with J the drafts kept of k
+        step drafting k emits, summed over the rows, and the mean row's deviation, s_k sqrt(R / sum_r E(a_r, k)) (the
+        tail from it, the rows left and the last row's step: ``rates_of_terms``). Per row, with J the drafts kept of k
         (a^j = P(J >= j)): E(a, k) = 1 + E[J] = sum_{j<=k} a^j, E[J^2] = sum_{j=1..k} (2j-1) a^j and
         E[J]^2 = sum_{i,j=1..k} a^(i+j); summed over rows, each a^n becomes S_n."""
         generating = sums[0]  # R
@@ -369,13 +371,27 @@ class CostOptimalLength(DraftLengthPolicy):
         squared_means = np.zeros(self.k_max + 1)  # [k_max+1] sum_r E[J_r]^2: S_{i+j} over the k x k block
         squared_means[1:] = sums[self.pair_orders].cumsum(0).cumsum(1).diagonal()
         variance = np.maximum(kept_squared - squared_means, 0) / generating  # [k_max+1] the mean row's Var J
-        return RateTerms(tokens, tail_factor(round(generating)) * np.sqrt(variance * generating / tokens))
+        return RateTerms(tokens, np.sqrt(variance * generating / tokens))
 
     def rates_of_terms(self, terms: RateTerms, seconds: np.ndarray, last_row_seconds: np.ndarray) -> np.ndarray:
         """``rates`` from the rows' ``rate_terms`` and the steps' ``all_step_seconds`` at the rows the forwards
         compute (``seconds``) and at one row (``last_row_seconds``, the tail's)."""
-        tail = terms.spread / math.sqrt(self.remaining)  # [k_max+1]
-        return terms.tokens / (seconds + tail * last_row_seconds)
+        if math.isinf(self.remaining):  # the call's length unknown: no tail
+            return terms.tokens / seconds
+        root = math.sqrt(self.remaining)
+        tail = self.contenders_factor(terms.deviation * root, round(terms.tokens[0])) * terms.deviation / root
+        return terms.tokens / (seconds + tail * last_row_seconds)  # [k_max+1]
+
+    def contenders_factor(self, reach: np.ndarray, generating: int) -> np.ndarray:
+        """[k_max+1] z(n_k): the expected largest of the standard normals of the n_k rows that can still finish last
+        drafting k, those whose tokens left come within ``reach`` [k_max+1] (one sd of what a row gains by the call's
+        end) of the most left. At a call's start the rows are even and all R contend; later the spread already
+        gained is sunk: a row far ahead cannot finish last. (Charged z(R) throughout, at batch 16, T = 1 the policy
+        decoded the last 10-15 steps of each call plain where fixed k = 1 was faster.)"""
+        if self.rows_left is None:
+            return np.full(reach.shape, tail_factor(generating))
+        contenders = (self.rows_left[:, None] >= self.remaining - reach).sum(0)  # [k_max+1]
+        return np.array([tail_factor(int(n)) for n in contenders])
 
     def best_k(self, acceptances: np.ndarray, rows: int) -> int:
         """``best_of_terms`` of the rows' running ``acceptances`` [R]."""
@@ -443,7 +459,9 @@ class CostOptimalLength(DraftLengthPolicy):
         self.first_step = False
         if outcome.k:
             self.learn_acceptance(np.maximum(kept, 0), kept >= 0, outcome.k)
-        generating = np.array(host.remaining) > 0  # [B'] rows that generate in the next step
+        left = np.array(host.remaining)  # [B'] tokens each row may still emit
+        generating = left > 0  # [B'] rows that generate in the next step
+        self.rows_left = left[generating]  # [R]
         if self.generating is None or generating.sum() != self.generating.sum():
             self.row_terms = self.steady_terms = None
         self.rows_fed, self.generating = rows, generating

@@ -203,6 +203,20 @@ def test_the_calls_tail_shortens_the_draft_at_batch_16_and_not_at_batch_1():
     assert policy.best_k(acceptances[:1], 1) == 3
 
 
+def test_the_calls_tail_counts_only_the_rows_that_can_still_finish_last():
+    """The spread the rows already gained is sunk: with one row 24 tokens behind the other fifteen, only it can
+    finish last (z(1) = 0) and the draft is as long as with no tail; with the rows even, the tail shortens it."""
+    costs = CostModel(CostTable({b: {1: 14.8, 2: 21.1, 3: 26.1, 4: 29.5} for b in (1, 16)}),
+                      CostTable({b: {1: 2.2} for b in (1, 16)}))
+    policy = CostOptimalLength(k_max=3, costs=costs)
+    acceptances = np.full(16, 0.8)
+    policy.remaining = 64
+    policy.rows_left = np.full(16, 64)
+    assert 1 <= policy.best_k(acceptances, 16) < 3
+    policy.rows_left = np.array([64] + [40] * 15)
+    assert policy.best_k(acceptances, 16) == 3
+
+
 def test_cost_optimal_weighs_each_rows_acceptance():
     """One row that keeps everything and fifteen that keep nothing: the batch drafts as the mean row would not."""
     policy = CostOptimalLength(k_max=8, costs=costs_growing(per_token=0.002, draft=0.01))
@@ -228,6 +242,14 @@ def test_cost_optimal_rates_from_power_sums_are_the_per_row_sums_with_the_tail()
                              * policy.step_seconds(k, 1)) for k in range(7)]
     assert policy.rates(acceptances, 5) == pytest.approx(expected, rel=1e-12)
     assert max(variances) > 0.1  # the tail is material at these acceptances
+    policy.rows_left = np.array([20, 19, 17, 5, 20])  # contending: rows within one sd of what a row gains by its end
+    reach = [math.sqrt(variances[k] * 20 / (tokens[k] / 5)) for k in range(7)]
+    contenders = [sum(left >= 20 - reach[k] for left in policy.rows_left) for k in range(7)]
+    assert len(set(contenders[1:])) > 1  # the rows contending differ by k here
+    expected = [tokens[k] / (policy.step_seconds(k, 5) + policies.tail_factor(contenders[k])
+                             * math.sqrt(variances[k] / (20 * tokens[k] / 5)) * policy.step_seconds(k, 1))
+                for k in range(7)]
+    assert policy.rates(acceptances, 5) == pytest.approx(expected, rel=1e-12)
 
 
 def test_cost_optimal_keeps_its_rows_terms_only_while_they_hold():
