@@ -498,7 +498,7 @@ class LeanCache(KVCache):
         self.slot_index = torch.arange(self.capacity, device=self.length.device)
 
     def select_rows(self, index: torch.Tensor) -> None:
-        """Move the rows ``index`` [B''] (ascending) to the front of the buffers in place: only the rows that change
+        """Move the rows ``index`` [B''] (distinct) to the front of the buffers in place: only the rows that change
         place, only the slots written so far (``bound``), layer by layer through one scratch. The buffers become
         their first B'' rows. (Gathered into new buffers of the whole capacity, a row leaving batch 16 cost 36 ms on
         a 2-core CPU, most of it faulting in fresh memory: more than two decode steps.)"""

@@ -244,6 +244,7 @@ class CostOptimalLength(DraftLengthPolicy):
         self.pair_orders = np.add.outer(np.arange(1, k_max + 1), np.arange(1, k_max + 1))  # [k_max, k_max] i + j
         self.looked_up: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}  # ``table_seconds``'s, by rows
         self.looked_up_in: CostModel | None = None  # the cost model they were looked up in
+        self.tail_table = np.zeros(0)  # ``tail_factors``'
         self.start()
 
     @property
@@ -389,9 +390,16 @@ class CostOptimalLength(DraftLengthPolicy):
         gained is sunk: a row far ahead cannot finish last. (Charged z(R) throughout, at batch 16, T = 1 the policy
         decoded the last 10-15 steps of each call plain where fixed k = 1 was faster.)"""
         if self.rows_left is None:
-            return np.full(reach.shape, tail_factor(generating))
+            return np.full(reach.shape, self.tail_factors(generating)[generating])
         contenders = (self.rows_left[:, None] >= self.remaining - reach).sum(0)  # [k_max+1]
-        return np.array([tail_factor(int(n)) for n in contenders])
+        return self.tail_factors(generating)[contenders]
+
+    def tail_factors(self, rows: int) -> np.ndarray:
+        """[>= rows + 1] ``tail_factor`` of 0, 1, ..., rows, computed once per batch size rather than per k each
+        step (the choice runs on every step's hot path)."""
+        if self.tail_table.shape[0] <= rows:
+            self.tail_table = np.array([tail_factor(n) for n in range(rows + 1)])
+        return self.tail_table
 
     def best_k(self, acceptances: np.ndarray, rows: int) -> int:
         """``best_of_terms`` of the rows' running ``acceptances`` [R]."""
