@@ -124,9 +124,6 @@ COST_DECAY = 0.8  # per-step forgetting factor of the online corrections to the 
 PLAIN_SAMPLES = 3  # plain steps a drafting policy takes once, so that a plain step's overhead is measured too
 EXPLORE_BUDGET = 0.005  # the share of the time the explorations may cost where drafting does not pay, as measured
 EXPLORE_MAX = 16  # ... and they come at least once in this many times explore_every plain steps
-PROBE_BAND = 0.1  # a plain step's predicted rate within this share of a drafting choice's: plain is a contender,
-# and a plain step is taken now and then to keep its price measured (the table's price of one token per row against
-# two, at 64 rows, was 2-4% off what the steps took, either way, in three fresh processes: the margin's size)
 
 
 class RateTerms(NamedTuple):
@@ -229,14 +226,11 @@ class CostOptimalLength(DraftLengthPolicy):
         self.explore_every = check_draft_length("explore_every", explore_every)
         self.costs = costs
         self.measure: Callable[[int], CostModel] | None = None  # set by ``bind``: times the models at a batch size
-        self.target_scales: list[float | None] = [None, None]  # measured / modelled seconds of the target's forward
-        # in [plain steps, drafting steps] at the call's full rows, None until such a step is observed
-        self.draft_scale = 1.0  # measured / modelled seconds of the draft's forwards
+        self.target_scale = self.draft_scale = 1.0  # measured / modelled seconds of each model's forwards
         self.overheads: list[float | None] = [None, None]  # the loop's seconds per step beyond its forwards:
         # [plain step, drafting step], None until a step of the kind is observed
         self.plain_observed = 0  # plain decode steps whose timings were learned from
         self.explore_interval = explore_every  # plain steps in a row before one drafts to explore
-        self.drafting_steps = 0  # drafting steps at full rows since the last plain step, across calls
         self.plain_steps = 0  # plain decode steps chosen in a row, across calls: at batch 1 a call of 64 tokens is
         # 64 steps, and counted per call, an interval backed off past it never came, and a policy that had
         # stopped drafting decoded 8191 of 8192 steps plain, at 0.95x where fixed k = 4 ran 1.9x
@@ -322,18 +316,7 @@ class CostOptimalLength(DraftLengthPolicy):
         """[k_max+1] ``forward_seconds`` of k = 0..k_max."""
         verify, drafts = self.table_seconds(rows)
         draft = self.positions * self.learned_draft_step if drafts is None else self.draft_scale * drafts
-        return draft + self.target_scale_by_k() * verify
-
-    def target_scale(self, k: int) -> float:
-        """The target's correction for a step drafting k: its kind's (plain or drafting), else the other's, else 1."""
-        own, other = self.target_scales[k > 0], self.target_scales[k == 0]
-        return own if own is not None else other if other is not None else 1.0
-
-    def target_scale_by_k(self) -> np.ndarray:
-        """[k_max+1] ``target_scale`` of k = 0..k_max."""
-        scales = np.full(self.k_max + 1, self.target_scale(1))
-        scales[0] = self.target_scale(0)
-        return scales
+        return draft + self.target_scale * verify
 
     def step_seconds(self, k: int, rows: int) -> float:
         return self.forward_seconds(k, rows) + self.overhead(k)
@@ -422,24 +405,22 @@ class CostOptimalLength(DraftLengthPolicy):
         """``best_of_terms`` of the rows' running ``acceptances`` [R]."""
         sums = self.power_sums(acceptances)
         steady = sums[0] * self.acceptance ** self.orders  # [2 k_max+1] as many rows at the batch's acceptance
-        return self.best_of_terms(self.rate_terms(sums), lambda: self.rate_terms(steady), rows)[0]
+        return self.best_of_terms(self.rate_terms(sums), lambda: self.rate_terms(steady), rows)
 
-    def best_of_terms(self, terms: RateTerms, steady: Callable[[], RateTerms], rows: int) -> tuple[int, float]:
+    def best_of_terms(self, terms: RateTerms, steady: Callable[[], RateTerms], rows: int) -> int:
         """The k >= 1 of the highest rate at the rows' running acceptances (their ``rate_terms``), the smallest
         within a relative 1e-9 of it; 0 where that does not beat k = 0's rate by ``margin`` at those acceptances nor
         at the batch's ``steady`` one (computed only then). A plain step observes no acceptance, so a row's
         estimate that a few rejections pulled down would otherwise stay down until ``explore_every``: whether to
-        draft at all is the batch's long-run question (the load's), how far to draft the rows' current one.
-        With it, k = 0's predicted rate as a share of the rates that chose k (1 where k = 0)."""
+        draft at all is the batch's long-run question (the load's), how far to draft the rows' current one."""
         seconds, last_row_seconds = self.all_step_seconds(rows), self.all_step_seconds(1)  # [k_max+1] each
         rates = self.rates_of_terms(terms, seconds, last_row_seconds)
         drafting = rates[1:]
         k = int(np.argmax(drafting >= drafting.max() * (1 - TIE_TOLERANCE))) + 1  # the first of the best
         if rates[k] > rates[0] * (1 + self.margin):
-            return k, float(rates[0] / rates[k])
+            return k
         steady_rates = self.rates_of_terms(steady(), seconds, last_row_seconds)
-        best_steady = steady_rates[1:].max()
-        return (k, float(steady_rates[0] / best_steady)) if best_steady > steady_rates[0] * (1 + self.margin) else (0, 1.0)
+        return k if steady_rates[1:].max() > steady_rates[0] * (1 + self.margin) else 0
 
     def next_k(self) -> int:
         self.ensure_costs(self.rows_fed)
@@ -454,32 +435,12 @@ class CostOptimalLength(DraftLengthPolicy):
         elif self.plain_observed < PLAIN_SAMPLES and not self.first_step:  # a plain step's overhead, measured once
             k = 0
         else:
-            k, plain_share = self.best_of_terms(self.row_rate_terms(), self.steady_rate_terms, self.rows_fed)
-            if k and self.probe_due(plain_share):
-                k = 0
+            k = self.best_of_terms(self.row_rate_terms(), self.steady_rate_terms, self.rows_fed)
         self.plain_steps = 0 if k else self.plain_steps + 1
-        if not k:
-            self.drafting_steps = 0
-        elif self.rows_fed == self.call_rows:
-            self.drafting_steps += 1
         self.chosen_k.append(k)
         self.pending_model = self.step_seconds(k, self.rows_fed)
         self.step_started = time.perf_counter()
         return k
-
-    def probe_due(self, plain_share: float) -> bool:
-        """Whether a drafting choice whose plain step would run at ``plain_share`` of its rate gives way to a plain
-        step, a probe, so that both sides of a close choice stay measured: a policy that only drafts learns the
-        target's cost of drafting steps alone, and a plain step's price is the table's, scaled by what the last
-        plain steps took (at 64 rows, 2-4% off in either direction, the margin's size). Only where plain is a
-        contender (within ``PROBE_BAND``), at the call's full rows (where the corrections are learned), never on a
-        call's first step; after c / ``EXPLORE_BUDGET`` drafting steps, c = 1 - ``plain_share`` the probe's cost in
-        steps, within the explorations' bounds."""
-        loss = 1.0 - plain_share
-        if self.first_step or self.rows_fed != self.call_rows or loss > PROBE_BAND:
-            return False
-        interval = min(max(round(loss / EXPLORE_BUDGET), self.explore_every), EXPLORE_MAX * self.explore_every)
-        return self.drafting_steps + 1 >= interval
 
     def ensure_costs(self, rows: int) -> None:
         """Measure the costs where none are known yet, or where the batch outgrows the rows measured."""
@@ -542,17 +503,9 @@ class CostOptimalLength(DraftLengthPolicy):
         self.modelled.append(self.pending_model)
         self.measured.append(wall)
         forwards = outcome.draft_seconds + outcome.target_seconds
-        # The target's correction per kind of step, from the call's full rows only: a kind taken mostly at some
-        # rows (drafting at a call's end, where few rows are left and the table interpolates) would be corrected
-        # for those, and the comparison at full rows, where it matters, biased by the choosing (a plain step's
-        # correction learned at a batch-64 call's end priced its plain steps 25% too high). Not from an
-        # exploration's steps: they draft one token whatever the choice would be, and their correction would price
-        # every drafting width by width 2's (at batch 1, T = 1, where the policy drafts 4 or more).
-        if not self.exploring and rows == self.call_rows and math.isfinite(outcome.target_seconds) \
-                and outcome.target_seconds > 0:
+        if math.isfinite(outcome.target_seconds) and outcome.target_seconds > 0:
             observed = outcome.target_seconds / self.table_seconds(rows)[0][k]
-            known = self.target_scales[k > 0]
-            self.target_scales[k > 0] = observed if known is None else COST_DECAY * known + (1 - COST_DECAY) * observed
+            self.target_scale = COST_DECAY * self.target_scale + (1 - COST_DECAY) * observed
         # After a plain step the draft's first forward also catches up on the tokens the plain steps emitted (or on
         # the prompt): a cost of switching, not of drafting k (learned from it, one exploring step at batch 16 made
         # every drafted token look 2.4x its price, and the policy stopped drafting where k = 2 paid 14%).

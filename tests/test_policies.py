@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -293,8 +292,7 @@ def test_cost_optimal_learns_the_machine_from_step_timings():
     for _ in range(40):
         k = policy.next_k()
         policy.observe(outcome(k, [k], draft_seconds=0.2 * k, target_seconds=2.0))
-    assert policy.target_scale(0) == pytest.approx(2.0, rel=1e-3) and policy.target_scale(1) == pytest.approx(2.0, rel=1e-3)
-    assert policy.draft_scale == pytest.approx(2.0, rel=1e-3)
+    assert policy.target_scale == pytest.approx(2.0, rel=1e-3) and policy.draft_scale == pytest.approx(2.0, rel=1e-3)
     modelled, measured = policy.step_costs()
     assert modelled > 0 and measured >= 0
 
@@ -351,10 +349,10 @@ def test_cost_optimal_start_forgets_the_rows_and_keeps_the_machine_and_the_batch
     policy = CostOptimalLength(prior_acceptance=0.6, costs=costs_growing(per_token=0.0))
     policy.next_k()
     policy.observe(outcome(4, [0, 0]))
-    policy.target_scales = [3.0, 2.0]
+    policy.target_scale = 3.0
     learned = policy.acceptance
     policy.start()
-    assert learned < 0.6 and policy.acceptance == learned and policy.target_scales == [3.0, 2.0]
+    assert learned < 0.6 and policy.acceptance == learned and policy.target_scale == 3.0
     assert policy.chosen_k == [] and policy.row_successes is None
 
 
@@ -440,60 +438,3 @@ def test_cost_optimal_keeps_exploring_across_calls_shorter_than_its_interval(mon
     late = [step for step, k in enumerate(ks) if k and step >= 150]  # once the interval is past a call's 10 steps
     assert policy.explore_interval == 80 and len(late) >= 4 and len(late) % 2 == 0
     assert not any(ks[step] and ks[step - 1] == 0 for step in range(10, len(ks), 10))  # no call opens exploring
-
-
-def table_pricing_width_two_at(width_two: float) -> CostModel:
-    """Four rows: the target's forward of one token per row 10 s, of two ``width_two``, of more 40 s (so only k = 0
-    and k = 1 contend); the draft's of one token 0.5 s, of two 0.7 s."""
-    target = CostTable({4: {n: 10.0 if n == 1 else width_two if n == 2 else 40.0 for n in range(1, 10)}})
-    return CostModel(target, CostTable({4: {1: 0.5, 2: 0.7}}))
-
-
-def step_on_machine(policy, clock: list[float], step: int, target_seconds: Callable[[int], float]) -> int:
-    """One step at four rows on a machine whose target forward drafting k takes ``target_seconds(k)``: each row
-    keeps the draft on three steps in five (acceptance 0.6)."""
-    k = policy.next_k()
-    draft = policy.costs.draft_chain(k, 4)
-    target = target_seconds(k)
-    clock[0] += draft + target
-    accepted = [min(k, int((step + row) % 5 < 3)) for row in range(4)]
-    policy.observe(outcome(k, accepted, draft_seconds=draft, target_seconds=target))
-    return k
-
-
-def test_cost_optimal_learns_the_targets_price_of_a_plain_and_a_drafting_step_apart(monkeypatch):
-    """The table prices two tokens per row at 1.4 times one, the machine takes 1.6 times: at acceptance 0.6, k = 1
-    pays by the table (1.6 tokens for 14.7 s against 1 for 10 s) and loses on the machine (16.7 s). One correction
-    for every width, learned mostly from the drafting steps, prices the plain step 13% too high with theirs; one per
-    kind of step prices each as the machine runs it, and the policy decodes plain. Only steps at the call's full
-    rows teach it: where rows have left, the table interpolates, and the kind taken there is the one chosen there."""
-    clock = [0.0]
-    monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    policy = CostOptimalLength(k_max=4, prior_acceptance=0.6, costs=table_pricing_width_two_at(14.0))
-    ks = [step_on_machine(policy, clock, step, lambda k: 10.0 if k == 0 else 16.0 if k == 1 else 40.0)
-          for step in range(200)]
-    assert policy.target_scale(0) == pytest.approx(1.0) and policy.target_scale(1) == pytest.approx(16 / 14)
-    assert ks[1:1 + policies.PLAIN_SAMPLES] == [0] * policies.PLAIN_SAMPLES
-    assert ks[-100:].count(0) >= 85  # explorations only
-    k = policy.next_k()  # a step at two rows, as when rows have left: the table's interpolation is not corrected
-    policy.observe(outcome(k, [0, 0], draft_seconds=0.7 * (k > 0), target_seconds=30.0))
-    assert policy.target_scales == [pytest.approx(1.0), pytest.approx(16 / 14)]
-
-
-def test_cost_optimal_probes_a_plain_step_while_drafting_so_a_mismeasured_plain_price_is_corrected(monkeypatch):
-    """The plain steps the policy took early ran 20% slow (a disturbed machine), so their correction prices a plain
-    step at 12 s, and k = 1 (16 s for 1.6 tokens a row) looks 9% faster than plain, tail included. A policy that
-    only drafts never measures a plain step again; close choices (plain within ``PROBE_BAND``) take a plain step
-    now and then, which learns the true 10 s back, and the policy decodes plain. Without the probes it drafts on."""
-    def plain_disturbed_at_first(k: int) -> float:
-        return (12.0 if len(policy.chosen_k) <= 1 + policies.PLAIN_SAMPLES else 10.0) if k == 0 else 16.0 + 24 * (k > 1)
-
-    clock = [0.0]
-    monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    drafted = []
-    for band in (policies.PROBE_BAND, -1.0):  # with probes, and without
-        monkeypatch.setattr(policies, "PROBE_BAND", band)
-        policy = CostOptimalLength(k_max=4, prior_acceptance=0.6, costs=table_pricing_width_two_at(14.0))
-        ks = [step_on_machine(policy, clock, step, plain_disturbed_at_first) for step in range(300)]
-        drafted.append(sum(k > 0 for k in ks[-100:]))
-    assert drafted[0] <= 15 and drafted[1] >= 95
