@@ -124,7 +124,6 @@ COST_DECAY = 0.8  # per-step forgetting factor of the online corrections to the 
 PLAIN_SAMPLES = 3  # plain steps a drafting policy takes once, so that a plain step's overhead is measured too
 EXPLORE_BUDGET = 0.005  # the share of the time the explorations may cost where drafting does not pay, as measured
 EXPLORE_MAX = 16  # ... and they come at least once in this many times explore_every plain steps
-CALIBRATION_ROUNDS = 2  # steps of each k = 0..k_max the loop times at full rows once the costs are measured
 
 
 class RateTerms(NamedTuple):
@@ -246,9 +245,6 @@ class CostOptimalLength(DraftLengthPolicy):
         self.looked_up: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}  # ``table_seconds``'s, by rows
         self.looked_up_in: CostModel | None = None  # the cost model they were looked up in
         self.tail_table = np.zeros(0)  # ``tail_factors``'
-        self.calibration = np.ones(k_max + 1)  # [k_max+1] the loop's own verification seconds by k over the table's
-        self.calibration_samples: list[list[float]] = [[] for _ in range(k_max + 1)]  # their ratios, step by step
-        self.calibration_queue: list[int] = []  # the k still to time, in order
         self.start()
 
     @property
@@ -283,7 +279,6 @@ class CostOptimalLength(DraftLengthPolicy):
         self.measured: list[float] = []  # per decode step: the step's wall seconds
         self.pending_model = math.nan
         self.exploring = False  # the step asked for explores
-        self.calibrating = False  # the step asked for is one of ``calibration_queue``'s
         self.explore_again = False  # the next step is an exploration's second
         self.explore_excess = 0.0  # the exploration's steps so far: their wall time beyond their tokens', in plain
         # steps (an exploration the call's end cut short is not counted)
@@ -308,7 +303,7 @@ class CostOptimalLength(DraftLengthPolicy):
         if self.looked_up_in is not costs:
             self.looked_up, self.looked_up_in = {}, costs
         if rows not in self.looked_up:
-            self.looked_up[rows] = (self.calibration * np.array([costs.verify(k, rows) for k in range(self.k_max + 1)]),
+            self.looked_up[rows] = (np.array([costs.verify(k, rows) for k in range(self.k_max + 1)]),
                                     np.array([costs.draft_chain(k, rows) for k in range(self.k_max + 1)])
                                     if costs.draft is not None else None)
         return self.looked_up[rows]
@@ -429,12 +424,9 @@ class CostOptimalLength(DraftLengthPolicy):
 
     def next_k(self) -> int:
         self.ensure_costs(self.rows_fed)
-        self.calibrating = bool(self.calibration_queue) and not self.first_step and self.rows_fed == self.call_rows
         explore_now = not self.first_step and self.plain_steps + 1 >= self.explore_interval  # keeps a, costs measured
-        self.exploring = not self.calibrating and (explore_now or self.explore_again)
-        if self.calibrating:
-            k = self.calibration_queue[0]
-        elif self.exploring:
+        self.exploring = explore_now or self.explore_again
+        if self.exploring:
             # Two drafting steps: the first's draft forward catches up on the plain steps' tokens and teaches no
             # draft cost; the second's does (with one, a draft cost once overestimated was never learned back, and
             # a batch-1 run decoded a third of its steps plain).
@@ -458,9 +450,6 @@ class CostOptimalLength(DraftLengthPolicy):
             raise ValueError("CostOptimalLength has no costs: give costs=specdec.costs.CostModel(...), or run it in a "
                              "specdec.Decoder, which shows it the models to measure")
         self.costs = self.measure(rows)
-        self.calibration = np.ones(self.k_max + 1)
-        self.calibration_samples = [[] for _ in range(self.k_max + 1)]
-        self.calibration_queue = list(range(self.k_max + 1)) * CALIBRATION_ROUNDS
 
     def observe(self, outcome: StepOutcome) -> None:
         if self.costs is None:  # never asked for a k (a loop that does not speculate): nothing to learn
@@ -514,8 +503,6 @@ class CostOptimalLength(DraftLengthPolicy):
         self.modelled.append(self.pending_model)
         self.measured.append(wall)
         forwards = outcome.draft_seconds + outcome.target_seconds
-        if self.calibrating and math.isfinite(outcome.target_seconds) and outcome.target_seconds > 0:
-            self.calibrate(k, outcome.target_seconds / self.table_seconds(rows)[0][k])
         if math.isfinite(outcome.target_seconds) and outcome.target_seconds > 0:
             observed = outcome.target_seconds / self.table_seconds(rows)[0][k]
             self.target_scale = COST_DECAY * self.target_scale + (1 - COST_DECAY) * observed
@@ -536,19 +523,6 @@ class CostOptimalLength(DraftLengthPolicy):
         known = self.overheads[kind]
         self.overheads[kind] = overhead if known is None else COST_DECAY * known + (1 - COST_DECAY) * overhead
         self.plain_observed += k == 0
-
-    def calibrate(self, k: int, ratio: float) -> None:
-        """Take a calibrating step's verification seconds over the table's (``ratio``); after the last, price each
-        k's verification by the table times the median of its own ratios, and restart the target's correction from
-        there. The table times the target's forwards apart from the loop, and the loop's own forwards of one width
-        against another differed from it by up to 6% at 16 and 64 rows and by a fifth at one row."""
-        self.calibration_samples[k].append(ratio)
-        self.calibration_queue.pop(0)
-        if self.calibration_queue:
-            return
-        self.calibration = self.calibration * np.array([statistics.median(samples)
-                                                        for samples in self.calibration_samples])
-        self.looked_up, self.target_scale = {}, 1.0
 
     def select_rows(self, index: torch.Tensor) -> None:
         index = index.cpu().numpy()

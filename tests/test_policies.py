@@ -438,26 +438,3 @@ def test_cost_optimal_keeps_exploring_across_calls_shorter_than_its_interval(mon
     late = [step for step, k in enumerate(ks) if k and step >= 150]  # once the interval is past a call's 10 steps
     assert policy.explore_interval == 80 and len(late) >= 4 and len(late) % 2 == 0
     assert not any(ks[step] and ks[step - 1] == 0 for step in range(10, len(ks), 10))  # no call opens exploring
-
-
-def test_cost_optimal_times_every_k_in_the_loop_once_it_has_measured_its_costs():
-    """The start-up table times the target's forwards apart from the loop; the loop's own differ by width (at one
-    row, two tokens against one a fifth dearer than the table said). Once the policy measures its costs it drafts
-    each k = 0..k_max ``CALIBRATION_ROUNDS`` times at full rows (not on a call's first step) and prices each k's
-    verification by the table times the median of its own steps' ratios. Given costs are taken as they are."""
-    table = costs_growing(per_token=0.0, fixed=1.0, draft=0.1)
-    machine = {2: 1.3, 5: 0.8}  # the loop's forward of n tokens over the table's; 1 elsewhere
-    policy = CostOptimalLength(k_max=4, prior_acceptance=0.9)
-    policy.measure = lambda rows: table
-    ks = []
-    for _ in range(30):
-        k = policy.next_k()
-        ks.append(k)
-        width_ratio = machine.get(k + 1, 1.0) * (1.1 if k == 3 and ks.count(3) == 1 else 1.0)  # one slow step
-        policy.observe(outcome(k, [k, k], draft_seconds=0.1 * k, target_seconds=table.verify(k, 2) * width_ratio))
-    assert ks[1:1 + 5 * policies.CALIBRATION_ROUNDS] == list(range(5)) * policies.CALIBRATION_ROUNDS
-    assert policy.calibration == pytest.approx([1.0, 1.3, 1.0, 1.05, 0.8])  # k = 3: the median of 1.1 and 1.0
-    assert policy.table_seconds(2)[0] == pytest.approx([1.0, 1.3, 1.0, 1.05, 0.8])
-    given = CostOptimalLength(k_max=4, costs=table)
-    given.next_k()
-    assert given.calibration_queue == [] and given.chosen_k == [4]
