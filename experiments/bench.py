@@ -5,8 +5,8 @@
     python -m experiments.bench --pair gpt2-xl        # the real pair, where the hub is reachable
 
 Everything is measured as ``experiments.common.harness`` measures: one process, after warm-up, methods interleaved per
-prompt (the order rotates), the device synchronised before every clock read. Prints Markdown tables and writes them
-with a JSON copy to --out.
+prompt (the order changing per prompt, balanced), the device synchronised before every clock read. Prints Markdown
+tables and writes them with a JSON copy to --out.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@
 At each batch size B and temperature every policy decodes the same ``--calls`` batches of B held-out prompts (the
 prompts cycled), EOS ignored so that every row emits ``--max-new-tokens``: the plain loop (k = 0: the same Decoder
 without a draft), fixed k (``--ks``), transformers' heuristic and the load-aware ``cost_optimal``. Measured as
-``experiments.common.harness`` measures: one process, after an untimed warm-up call each, the policies interleaved
-per call with the order rotating, the device synchronised before every clock read. Each policy keeps one Decoder
+``experiments.common.harness`` measures: one process, after an untimed warm-up call each, the policies interleaved per
+call in the orders of a balanced design, the device synchronised before every clock read. Each policy keeps one Decoder
 across its calls, so an adaptive policy carries what it learned from call to call, as in the run app. Greedy, every
 policy's tokens must be the plain loop's, call by call: one that differs is refused before any speedup is reported.
 
@@ -40,8 +40,8 @@ import torch
 
 import specdec
 from experiments.common.harness import (
-    Decoded, Method, Pair, Report, add_pair_options, argument_parser, load_bench_pair, parse_pair_options,
-    positive_int, positive_ints, run_interleaved, temperatures,
+    Decoded, Method, Pair, Report, add_pair_options, argument_parser, load_bench_pair, non_negative_int,
+    parse_pair_options, positive_int, positive_ints, run_interleaved, temperatures,
 )
 from specdec import Clock
 from specdec.batching import left_pad
@@ -136,7 +136,7 @@ def measure_load(pair: Pair, batch_size: int, temperature: float, args: argparse
                for name, policy in policies(args.ks).items()}
     batches = call_batches(pair.prompts, batch_size, args.calls)
     with torch.no_grad():
-        tallies = run_interleaved(methods, batches, clock)
+        tallies = run_interleaved(methods, batches, clock, first_order=args.first_order)
     if temperature == 0:
         check_greedy_equal(tallies)
     return {name: Calls.of(tally) for name, tally in tallies.items()}
@@ -185,12 +185,14 @@ def measure_here(args: argparse.Namespace) -> tuple[str, Iterator[dict]]:
                    for temperature in args.temperatures for batch_size in args.batch_sizes)
 
 
-def child_argv(args: argparse.Namespace, out: Path) -> list[str]:
-    """This bench's options for one process of ``--processes``."""
+def child_argv(args: argparse.Namespace, out: Path, index: int) -> list[str]:
+    """This bench's options for the ``index``-th process of ``--processes``: its calls take the orders after the
+    last process's (``--first-order``), so that the pooled calls run the methods in the rows of one balanced design
+    (``experiments.common.harness.rotation``)."""
     argv = ["--pair", args.pair, "--batch-sizes", ",".join(map(str, args.batch_sizes)),
             "--temperatures", ",".join(map(str, args.temperatures)), "--ks", ",".join(map(str, args.ks)),
             "--calls", str(args.calls), "--max-new-tokens", str(args.max_new_tokens), "--device", args.device,
-            "--dtype", args.dtype, "--out", str(out)]
+            "--dtype", args.dtype, "--out", str(out), "--first-order", str(args.first_order + index * args.calls)]
     return argv + (["--threads", str(args.threads)] if args.threads else [])
 
 
@@ -201,7 +203,7 @@ def measure_in_processes(args: argparse.Namespace) -> tuple[str, list[dict], lis
     for index in range(args.processes):
         out = Path(args.out) / f"process-{index}"
         print(f"\n# process {index + 1} of {args.processes}: {out}", flush=True)
-        subprocess.run([sys.executable, "-m", "experiments.load_bench", *child_argv(args, out)], check=True)
+        subprocess.run([sys.executable, "-m", "experiments.load_bench", *child_argv(args, out, index)], check=True)
         results.append(json.loads((out / "load_bench.json").read_text()))
     settings = [{"batch": setting["batch"], "T": setting["T"],
                  "calls": {name: Calls(**calls) for name, calls in setting["calls"].items()}}
@@ -230,6 +232,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=positive_int, default=64)
     parser.add_argument("--processes", type=positive_int, default=1,
                         help="fresh processes to run the bench in, one after another, their calls pooled")
+    parser.add_argument("--first-order", type=non_negative_int, default=0,
+                        help="the row of the methods' balanced order (experiments.common.harness.rotation) the first "
+                             "timed call takes; --processes gives each process the rows after the last one's")
     add_pair_options(parser, "load_bench.md and load_bench.json")
     return parse_pair_options(parser, argv, "load_bench")
 

@@ -13,7 +13,7 @@ assisted generation at the same algorithm (constant k, no confidence cut-off) be
 both eager, on the same random pair (acceptance near 0, the same for both since greedy tokens are identical).
 
 Timing as in ``experiments.common.harness``: one process, warm-up first (compiled methods on every prompt), methods
-interleaved (order rotating), device synchronised before every clock read. Prints Markdown tables and writes them
+interleaved (the order balanced), device synchronised before every clock read. Prints Markdown tables and writes them
 to --out.
 """
 
@@ -174,7 +174,7 @@ def autoregressive_sweep(pair, mode_names, batch_sizes, args, clock, bandwidth) 
 
 def speculative_curves(pair, mode: str, acceptances, ks, args, clock, profile_prompt: torch.Tensor) -> list[dict]:
     """Speedup over our baseline (same mode) at each synthetic acceptance and k; per k, the baseline and every
-    acceptance are interleaved per prompt, order rotating.
+    acceptance are interleaved per prompt, the order balanced.
 
     Two measured speedups: end to end (tokens/s, prefill included) and of the decode phase (the time per token after
     each call's first step, whose target forward is the prefill), the one the predictions model. The costs a

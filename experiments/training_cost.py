@@ -20,10 +20,11 @@ tokens, made by the app's ``make_batch`` from hidden states computed beforehand 
 sequence is read more than once, ``hidden=auto``). The target's forward over one batch, what ``hidden=recompute``
 adds to every step, is timed beside, as its own row.
 
-Timing: ``--warmup`` steps of each family first; then ``--steps`` rounds, each timing one step of every family,
-the order rotating from round to round; the device synchronised before every clock read; the median step. Peak
-memory is CUDA's ``max_memory_allocated`` over a family's steps (n/a on CPU). Every figure is measured here: the
-ratios are of the medians printed beside them. Prints Markdown tables; ``--out`` writes them and a JSON copy.
+Timing: ``--warmup`` steps of each family first; then ``--steps`` rounds, each timing one step of every family, the
+order changing from round to round (``rotation``'s balanced design); the device synchronised before every clock read;
+the median step. Peak memory is CUDA's ``max_memory_allocated`` over a family's steps (n/a on CPU). Every figure is
+measured here: the ratios are of the medians printed beside them. Prints Markdown tables; ``--out`` writes them and a
+JSON copy.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@
 Part 1 (the pair): each group verifies N draft nodes per target call: the chain with k = N, and trees with N nodes
 (--chains and --trees replace the default groups; --dynamic adds dynamic trees, ``DynamicTreeDrafter``, of
 node_budget-depth-top_k, each row's tree its own).
-Every method decodes every held-out prompt in one process, interleaved with the autoregressive baseline of the
-same loop (the order rotates per prompt), after a warm-up call each. Columns: tau = tokens per target call, the target's
-and the draft's time per call, tokens/s, and the speedup over the baseline. At temperature 0 every method must emit
-the baseline's tokens (checked).
+Every method decodes every held-out prompt in one process, interleaved with the autoregressive baseline of the same loop
+(the order balanced per prompt), after a warm-up call each. Columns: tau = tokens per target call, the target's and the
+draft's time per call, tokens/s, and the speedup over the baseline. At temperature 0 every method must emit the
+baseline's tokens (checked).
 Part 2 (--verify-costs PAIR): the target's time to verify a tree of N nodes (one forward of N + 1 tokens under the
 tree mask) against one decode step, so the speedup of a tree on that hardware can be predicted: a tree of N nodes
 beats a chain of k when tau_tree / tau_chain > cost(N) / cost(k) (draft costs aside).

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -282,10 +283,20 @@ def test_a_compilation_in_the_timed_calls_is_counted():
 # --- the harness every bench shares -----------------------------------------------------------------------------
 
 
-def test_rotation_starts_each_prompt_one_method_later():
-    names = ["a", "b", "c"]
-    assert [harness.rotation(names, index) for index in range(4)] == [
-        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 6, 7])
+def test_rotation_balances_each_methods_place_and_the_method_run_before_it(count):
+    """Over one cycle of the design (n orders, 2n for an odd count n) every method runs in every place equally often,
+    and right after every other method equally often (a plain rotation always ran each one after the same one)."""
+    names = [f"m{i}" for i in range(count)]
+    cycle = count if count % 2 == 0 else 2 * count
+    orders = [harness.rotation(names, index) for index in range(cycle)]
+    assert all(sorted(order) == names for order in orders)
+    places = Counter((order[place], place) for order in orders for place in range(count))
+    assert len(places) == count * count and set(places.values()) == {cycle // count}
+    successions = Counter(pair for order in orders for pair in zip(order, order[1:]))
+    assert len(successions) == count * (count - 1)
+    assert set(successions.values()) <= {cycle // count}
+    assert harness.rotation(names, cycle) == orders[0]  # the design repeats
 
 
 def test_run_interleaved_warms_up_each_method_then_rotates_the_order_per_batch():

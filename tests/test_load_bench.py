@@ -61,8 +61,11 @@ def test_processes_pool_their_calls_each_paired_with_its_own_plain_loop(tmp_path
     all calls together (not the mean of the two), and the verdict lists each process's share of the best."""
     first = run(tmp_path)
 
+    first_orders = []
+
     def fake_process(command, check):
         out = Path(command[command.index("--out") + 1])
+        first_orders.append(int(command[command.index("--first-order") + 1]))
         result = json.loads(json.dumps(first))
         if out.name == "process-1":
             for setting in result["calls"]:
@@ -73,6 +76,7 @@ def test_processes_pool_their_calls_each_paired_with_its_own_plain_loop(tmp_path
         (out / "load_bench.json").write_text(json.dumps(result))
     monkeypatch.setattr(load_bench.subprocess, "run", fake_process)
     pooled = run(tmp_path / "pooled", "--processes", "2")
+    assert first_orders == [0, 2]  # the second process's calls take the design's rows after the first's 2 calls
     for setting, alone in zip(pooled["calls"], first["calls"]):
         plain, chosen = setting["calls"]["plain"], setting["calls"]["cost_optimal"]
         assert plain["tokens"] == alone["calls"]["plain"]["tokens"] * 2 and len(chosen["seconds"]) == 4

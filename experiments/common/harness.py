@@ -3,7 +3,8 @@ its static-cache autoregressive path; ``System`` makes it the measured side of a
 profile (``specdec.costs``), a counter of host reads, the argument checks, and the tables.
 
 The measuring rules, kept here once: every method runs in one process, after an untimed warm-up; the methods are
-interleaved per prompt, the order rotating, so a machine whose speed drifts moves them all alike; the device is
+interleaved per prompt, in the orders of a balanced design (``rotation``: each method in each place, and after
+each other method, equally often), so a machine whose speed drifts moves them all alike; the device is
 synchronised before every clock read (``specdec.Clock``). transformers runs at our algorithm and at its own best,
 and ``transformers_configuration`` says how, for the table. Costs are in seconds everywhere; tables turn them into
 milliseconds where they print them.
@@ -152,9 +153,16 @@ class Tally:
 
 
 def rotation(names: list, index: int) -> list:
-    """The order for the ``index``-th prompt: ``names`` started at position ``index`` (mod their count)."""
-    shift = index % len(names)
-    return names[shift:] + names[:shift]
+    """The order for the ``index``-th prompt: row ``index`` of a Williams design over ``names``. Over every n
+    consecutive indices (2n where the count n is odd) each name runs in each place equally often and right after
+    each other name equally often, so neither a place in the order nor the method run just before (what it left in
+    the caches and the allocator) favours one. A plain rotation keeps the same predecessor for every method on every
+    call: a bias that no number of calls averages out (at batch 64 on a CPU, a method's place moved it by about 2%)."""
+    count = len(names)
+    first = [0] + [(j + 1) // 2 if j % 2 else count - j // 2 for j in range(1, count)]  # 0, 1, n-1, 2, n-2, ...
+    row = index % (count if count % 2 == 0 else 2 * count)
+    order = [names[(place + row) % count] for place in first]
+    return order if row < count else order[::-1]
 
 
 def warmup_batches(method: Method, batches: list) -> list:
@@ -163,12 +171,13 @@ def warmup_batches(method: Method, batches: list) -> list:
     return distinct if method.compiled else distinct[:1]
 
 
-def run_interleaved(methods: dict, batches: list, clock: Clock, timed_models: tuple = ()) -> dict:
-    """Run every method on every batch, the order rotating per batch, after a warm-up (``warmup_batches``), so no
-    compilation falls in the timed calls (``compilations_while_timed`` counts any that still do). The forwards of
-    ``timed_models`` are timed inside eager methods' calls, for their overhead; elsewhere it is NaN."""
+def run_interleaved(methods: dict, batches: list, clock: Clock, timed_models: tuple = (), first_order: int = 0) -> dict:
+    """Run every method on every batch, the order changing per batch (``rotation``, batch i in order row
+    ``first_order`` + i), after a warm-up (``warmup_batches``), so no compilation falls in the timed calls
+    (``compilations_while_timed`` counts any that still do). The forwards of ``timed_models`` are timed inside eager
+    methods' calls, for their overhead; elsewhere it is NaN."""
     tallies = {name: warm_up_method(method, batches, clock) for name, method in methods.items()}
-    return time_interleaved(methods, batches, clock, tallies, timed_models)
+    return time_interleaved(methods, batches, clock, tallies, timed_models, first_order)
 
 
 def warm_up_method(method: Method, batches: list, clock: Clock) -> Tally:
@@ -181,12 +190,13 @@ def warm_up_method(method: Method, batches: list, clock: Clock) -> Tally:
     return tally
 
 
-def time_interleaved(methods: dict, batches: list, clock: Clock, tallies: dict, timed_models: tuple = ()) -> dict:
+def time_interleaved(methods: dict, batches: list, clock: Clock, tallies: dict, timed_models: tuple = (),
+                     first_order: int = 0) -> dict:
     """The timed part of ``run_interleaved``, for methods already warmed up (``tallies`` from ``warm_up_method``, one per
-    method): every method on every batch, the order rotating per batch."""
+    method): every method on every batch, the order changing per batch."""
     compiled_before = compilations()
     for index, batch in enumerate(batches):
-        for name in rotation(list(methods), index):
+        for name in rotation(list(methods), first_order + index):
             time_call(methods[name], batch, index, clock, timed_models, tallies[name])
     for tally in tallies.values():
         tally.compilations_while_timed = compilations() - compiled_before
@@ -454,6 +464,13 @@ def parse_pair_options(parser: ArgumentParser, argv, bench: str) -> argparse.Nam
 def positive_int(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return int(text)
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return int(text)
 
 
