@@ -130,16 +130,24 @@ def paired_speedup(calls: Calls, base: Calls) -> tuple[float, float, float]:
 
 
 def measure_load(pair: Pair, batch_size: int, temperature: float, args: argparse.Namespace,
-                 clock: Clock) -> dict[str, Calls]:
-    """Every policy on the same calls at one batch size and temperature, greedy tokens checked: each one's calls."""
-    methods = {name: policy_method(pair, policy, temperature, args.max_new_tokens)
-               for name, policy in policies(args.ks).items()}
+                 clock: Clock) -> tuple[dict[str, Calls], dict]:
+    """Every policy on the same calls at one batch size and temperature, greedy tokens checked: each one's calls, and
+    what cost_optimal chose from (``chosen_from``)."""
+    chosen = policies(args.ks)
+    methods = {name: policy_method(pair, policy, temperature, args.max_new_tokens) for name, policy in chosen.items()}
     batches = call_batches(pair.prompts, batch_size, args.calls)
     with torch.no_grad():
         tallies = run_interleaved(methods, batches, clock, first_order=args.first_order)
     if temperature == 0:
         check_greedy_equal(tallies)
-    return {name: Calls.of(tally) for name, tally in tallies.items()}
+    return {name: Calls.of(tally) for name, tally in tallies.items()}, chosen_from(chosen[CHOSEN])
+
+
+def chosen_from(policy: specdec.CostOptimalLength) -> dict:
+    """The cost model cost_optimal measured at start-up in this process and its corrections after the last call: the
+    start-up table differs between processes on a CPU, and a cell that fails in one process is read from it."""
+    return {"costs": policy.costs.to_json(), "target_scale": policy.target_scale, "draft_scale": policy.draft_scale,
+            "overheads": {"plain": policy.overheads[0], "drafting": policy.overheads[1]}}
 
 
 def setting_rows(batch_size: int, temperature: float, calls: dict[str, Calls]) -> list[dict]:
@@ -180,9 +188,12 @@ def measure_here(args: argparse.Namespace) -> tuple[str, Iterator[dict]]:
     clock = Clock(pair.target.device)
     where = (f"{pair.name}, {pair.target.device} {next(pair.target.parameters()).dtype}, torch threads "
              f"{torch.get_num_threads()}")
-    return where, ({"batch": batch_size, "T": temperature,
-                    "calls": measure_load(pair, batch_size, temperature, args, clock)}
+    return where, (measured_setting(batch_size, temperature, *measure_load(pair, batch_size, temperature, args, clock))
                    for temperature in args.temperatures for batch_size in args.batch_sizes)
+
+
+def measured_setting(batch_size: int, temperature: float, calls: dict[str, Calls], chosen: dict) -> dict:
+    return {"batch": batch_size, "T": temperature, "calls": calls, CHOSEN: chosen}
 
 
 def child_argv(args: argparse.Namespace, out: Path, index: int) -> list[str]:
@@ -260,7 +271,8 @@ def main(argv=None) -> None:
         verdicts = with_each_process(verdicts, per_process)
     report.table("## cost_optimal against the best fixed k and the heuristic", verdicts)
     calls = [{"batch": setting["batch"], "T": setting["T"],
-              "calls": {name: asdict(policy_calls) for name, policy_calls in setting["calls"].items()}}
+              "calls": {name: asdict(policy_calls) for name, policy_calls in setting["calls"].items()},
+              **({CHOSEN: setting[CHOSEN]} if CHOSEN in setting else {})}  # pooled: in each process's own JSON
              for setting in measured]
     report.write(Path(args.out) / "load_bench.md",
                  {"args": vars(args), "where": where, "rows": rows, "verdicts": verdicts, "calls": calls})

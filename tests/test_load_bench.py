@@ -37,6 +37,20 @@ def test_every_policy_at_every_batch_size_with_a_verdict_on_the_fastest_fixed_k(
         assert len(steps) == 9 and sum(steps) > 0  # k = 0..8 (its k_max), each step counted once per row
 
 
+def test_the_json_keeps_the_cost_model_cost_optimal_chose_from_in_each_setting(tmp_path):
+    """The start-up table and its corrections, per batch size: every width 1..k_max + 1 at rows 1, 2, ... up to the
+    batch, and the corrections learned from the calls' steps."""
+    result = run(tmp_path)
+    for setting in result["calls"]:
+        chosen = setting["cost_optimal"]
+        rows = [str(r) for r in (1, 2) if r <= setting["batch"]]
+        assert list(chosen["costs"]["target"]) == rows
+        assert all(list(widths) == [str(n) for n in range(1, 10)] for widths in chosen["costs"]["target"].values())
+        assert all(seconds > 0 for widths in chosen["costs"]["target"].values() for seconds in widths.values())
+        assert chosen["target_scale"] > 0 and chosen["draft_scale"] > 0
+        assert chosen["overheads"]["plain"] is not None and chosen["overheads"]["drafting"] is not None
+
+
 def test_a_policy_whose_greedy_tokens_differ_is_refused_before_its_speedup_is_reported(tmp_path, monkeypatch):
     honest = load_bench.policy_method
 
