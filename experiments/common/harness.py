@@ -171,7 +171,8 @@ def warmup_batches(method: Method, batches: list) -> list:
     return distinct if method.compiled else distinct[:1]
 
 
-def run_interleaved(methods: dict, batches: list, clock: Clock, timed_models: tuple = (), first_order: int = 0) -> dict:
+def run_interleaved(methods: dict, batches: list, clock: Clock, timed_models: tuple = (),
+                    first_order: int = 0) -> dict:
     """Run every method on every batch, the order changing per batch (``rotation``, batch i in order row
     ``first_order`` + i), after a warm-up (``warmup_batches``), so no compilation falls in the timed calls
     (``compilations_while_timed`` counts any that still do). The forwards of ``timed_models`` are timed inside eager
