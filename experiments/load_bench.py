@@ -130,9 +130,9 @@ def paired_speedup(calls: Calls, base: Calls) -> tuple[float, float, float]:
 
 
 def measure_load(pair: Pair, batch_size: int, temperature: float, args: argparse.Namespace,
-                 clock: Clock) -> tuple[dict[str, Calls], dict]:
-    """Every policy on the same calls at one batch size and temperature, greedy tokens checked: each one's calls, and
-    what cost_optimal chose from (``chosen_from``)."""
+                 clock: Clock) -> dict:
+    """Every policy on the same calls at one batch size and temperature, greedy tokens checked: the setting, each
+    policy's calls, and what cost_optimal chose from (``chosen_from``)."""
     chosen = policies(args.ks)
     methods = {name: policy_method(pair, policy, temperature, args.max_new_tokens) for name, policy in chosen.items()}
     batches = call_batches(pair.prompts, batch_size, args.calls)
@@ -140,7 +140,8 @@ def measure_load(pair: Pair, batch_size: int, temperature: float, args: argparse
         tallies = run_interleaved(methods, batches, clock, first_order=args.first_order)
     if temperature == 0:
         check_greedy_equal(tallies)
-    return {name: Calls.of(tally) for name, tally in tallies.items()}, chosen_from(chosen[CHOSEN])
+    return {"batch": batch_size, "T": temperature, "calls": {name: Calls.of(tally) for name, tally in tallies.items()},
+            CHOSEN: chosen_from(chosen[CHOSEN])}
 
 
 def chosen_from(policy: specdec.CostOptimalLength) -> dict:
@@ -180,7 +181,7 @@ def verdict(batch_size: int, temperature: float, calls: dict[str, Calls]) -> dic
 
 
 def measure_here(args: argparse.Namespace) -> tuple[str, Iterator[dict]]:
-    """The bench in this process: where it runs, and every setting's calls (``{"batch", "T", "calls"}``), each
+    """The bench in this process: where it runs, and every setting's calls (``measure_load``'s), each
     measured as it is asked for, so that its table is printed before the next setting starts."""
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -188,12 +189,8 @@ def measure_here(args: argparse.Namespace) -> tuple[str, Iterator[dict]]:
     clock = Clock(pair.target.device)
     where = (f"{pair.name}, {pair.target.device} {next(pair.target.parameters()).dtype}, torch threads "
              f"{torch.get_num_threads()}")
-    return where, (measured_setting(batch_size, temperature, *measure_load(pair, batch_size, temperature, args, clock))
+    return where, (measure_load(pair, batch_size, temperature, args, clock)
                    for temperature in args.temperatures for batch_size in args.batch_sizes)
-
-
-def measured_setting(batch_size: int, temperature: float, calls: dict[str, Calls], chosen: dict) -> dict:
-    return {"batch": batch_size, "T": temperature, "calls": calls, CHOSEN: chosen}
 
 
 def child_argv(args: argparse.Namespace, out: Path, index: int) -> list[str]:
