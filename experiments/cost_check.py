@@ -1,0 +1,146 @@
+"""The cost model against the loop: what ``cost_optimal``'s start-up table prices each draft length at, beside what
+the loop's own steps take, in fresh processes.
+
+    python -m experiments.cost_check                                  # batch 1, T = 1, k = 0..8, 4 calls each
+    python -m experiments.cost_check --batch-size 16 --temperature 0 --processes 6
+
+Each process measures the table as the policy does at start-up (``specdec.costs.measure_costs``, at the batch size),
+then decodes the same ``--calls`` batches with every fixed k = 0..``--k-max`` (k = 0: the plain loop), interleaved
+in the orders of a balanced design after a warm-up call each, EOS ignored, and reads from each call's DecodeStats
+the seconds of its verifications (its target forwards after the prefill) and of its drafting, per step. A draft
+length is chosen on the prices of the widths against each other, so the table gives, per k, the loop's price of a
+verification of k + 1 tokens over one token's against the table's (``price error``): where they differ, the
+policy ranks the draft lengths by a profile the loop does not have. The draft's seconds per step are the loop's
+over the table's forwards (the loop also samples each drafted token, which the table does not time).
+
+Rows of a speculating call finish unevenly and leave, so its later forwards compute fewer rows; the table is read
+at the mean rows per forward of each k's steps. ``--processes N`` runs N fresh processes one after another: on a
+CPU the table and the loop's forwards differ between processes (docs/load.md), and the last table lists each
+process's largest price error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import specdec
+from experiments.common.harness import (
+    Report, add_pair_options, argument_parser, load_bench_pair, non_negative_int, parse_pair_options,
+    positive_int, run_interleaved, single_temperature,
+)
+from experiments.load_bench import call_batches, policy_method
+from specdec import Clock
+from specdec.costs import CostModel, measure_costs
+
+
+def loop_costs(tally) -> dict[str, float]:
+    """One fixed k's calls, summed: seconds per verification and per step's drafting, and rows per verification."""
+    forwards = sum(stats.target_forwards for stats in tally.stats)
+    row_steps = sum(sum(sum(row.steps_by_k) for row in stats.rows) - len(stats.rows) for stats in tally.stats)  # the
+    # prefill's step left out
+    return {"verify": sum(stats.target_step_seconds for stats in tally.stats) / forwards,
+            "draft": sum(stats.draft_step_seconds for stats in tally.stats) / forwards,
+            "rows": row_steps / forwards}
+
+
+def compare(costs: CostModel, loop: dict[int, dict[str, float]]) -> list[dict]:
+    """Per k, the table's and the loop's verification (ms), the price of k + 1 tokens over one token in each and
+    the loop's error against the table's, and the drafting per step (ms)."""
+    plain_table, plain_loop = costs.verify(0, loop[0]["rows"]), loop[0]["verify"]
+    rows = []
+    for k, measured in loop.items():
+        table_verify = costs.verify(k, measured["rows"])
+        table_price, loop_price = table_verify / plain_table, measured["verify"] / plain_loop
+        table_draft = costs.draft_chain(k, measured["rows"])
+        rows.append({"k": k, "rows per forward": round(measured["rows"], 2),
+                     "table verify ms": round(1000 * table_verify, 3), "loop verify ms": round(1000 * measured["verify"], 3),
+                     "table price": round(table_price, 3), "loop price": round(loop_price, 3),
+                     "price error": round(loop_price / table_price - 1, 3),
+                     "table draft ms": round(1000 * table_draft, 3), "loop draft ms": round(1000 * measured["draft"], 3)})
+    return rows
+
+
+def check_here(args: argparse.Namespace) -> tuple[str, list[dict]]:
+    """This process's table and loop, compared (``compare``)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    pair = load_bench_pair(args.pair, args.batch_size * args.calls, args.device, args.dtype)
+    clock = Clock(pair.target.device)
+    where = (f"{pair.name}, {pair.target.device} {next(pair.target.parameters()).dtype}, torch threads "
+             f"{torch.get_num_threads()}")
+    with torch.no_grad():
+        costs = measure_costs(pair.target, pair.draft, args.batch_size, args.k_max)
+        methods = {k: policy_method(pair, specdec.FixedLength(k) if k else None, args.temperature, args.max_new_tokens)
+                   for k in range(args.k_max + 1)}
+        tallies = run_interleaved(methods, call_batches(pair.prompts, args.batch_size, args.calls), clock,
+                                  first_order=args.first_order)
+    return where, compare(costs, {k: loop_costs(tally) for k, tally in tallies.items()})
+
+
+def largest_error(rows: list[dict]) -> dict:
+    worst = max(rows, key=lambda row: abs(row["price error"]))
+    return {"largest price error": worst["price error"], "at k": worst["k"]}
+
+
+def child_argv(args: argparse.Namespace, out: Path, index: int) -> list[str]:
+    """The ``index``-th process's options: its calls take the design's orders after the last process's."""
+    argv = ["--pair", args.pair, "--batch-size", str(args.batch_size), "--temperature", str(args.temperature),
+            "--k-max", str(args.k_max), "--calls", str(args.calls), "--max-new-tokens", str(args.max_new_tokens),
+            "--device", args.device, "--dtype", args.dtype, "--out", str(out),
+            "--first-order", str(args.first_order + index * args.calls)]
+    return argv + (["--threads", str(args.threads)] if args.threads else [])
+
+
+def check_in_processes(args: argparse.Namespace) -> tuple[str, list[list[dict]]]:
+    results = []
+    for index in range(args.processes):
+        out = Path(args.out) / f"process-{index}"
+        print(f"\n# process {index + 1} of {args.processes}: {out}", flush=True)
+        subprocess.run([sys.executable, "-m", "experiments.cost_check", *child_argv(args, out, index)], check=True)
+        results.append(json.loads((out / "cost_check.json").read_text()))
+    return results[0]["where"], [result["processes"][0] for result in results]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argument_parser("experiments.cost_check", __doc__)
+    parser.add_argument("--pair", default="embedded", help="a load_pair preset with a shared tokenizer")
+    parser.add_argument("--batch-size", type=positive_int, default=1)
+    parser.add_argument("--temperature", type=single_temperature, default="1")
+    parser.add_argument("--k-max", type=positive_int, default=8, help="the draft lengths checked: 0..k_max")
+    parser.add_argument("--calls", type=positive_int, default=4, help="timed calls per draft length")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64)
+    parser.add_argument("--processes", type=positive_int, default=1, help="fresh processes, one after another")
+    parser.add_argument("--first-order", type=non_negative_int, default=0,
+                        help="the row of the balanced order (experiments.common.harness.rotation) the first timed "
+                             "call takes; --processes gives each process the rows after the last one's")
+    add_pair_options(parser, "cost_check.md and cost_check.json")
+    return parse_pair_options(parser, argv, "cost_check")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.processes > 1:
+        where, processes = check_in_processes(args)
+    else:
+        where, table = check_here(args)
+        processes = [table]
+    report = Report()
+    report.add(f"# The start-up cost table against the loop: {where}; batch {args.batch_size}, T = {args.temperature}, "
+               f"{args.calls} calls per draft length, {args.max_new_tokens} new tokens per row, EOS ignored")
+    for index, table in enumerate(processes):
+        report.table(f"## Process {index + 1}" if len(processes) > 1 else "## Per draft length", table)
+    if len(processes) > 1:
+        report.table("## Each process's largest price error",
+                     [{"process": index + 1, **largest_error(table)} for index, table in enumerate(processes)])
+    report.write(Path(args.out) / "cost_check.md", {"args": vars(args), "where": where, "processes": processes})
+    print(f"\nwritten to {args.out}/cost_check.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""experiments.cost_check: the start-up cost table beside the loop's own steps, per draft length. What it must get
+right: each k's seconds per verification and per step's drafting from the calls' DecodeStats (the prefill left
+out), the rows those forwards computed, and each width's price over one token's in the loop against the table's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments import cost_check
+from specdec.costs import CostModel, CostTable
+
+
+def run(tmp_path, *extra):
+    out = tmp_path / "out"
+    cost_check.main(["--calls", "2", "--k-max", "2", "--max-new-tokens", "6", "--temperature", "0",
+                     "--out", str(out), *extra])
+    return json.loads((out / "cost_check.json").read_text())
+
+
+def test_a_width_the_loop_prices_apart_from_the_table_shows_as_its_price_error():
+    """The loop takes 1.2 times the table's seconds at every width but the 5 tokens of k = 4, where it takes 1.5
+    times: only k = 4's price over one token is off, by 1.5 / 1.2 - 1."""
+    table = CostTable({1: {n: 0.01 + 0.002 * n for n in range(1, 10)}, 4: {n: 0.02 + 0.008 * n for n in range(1, 10)}})
+    costs = CostModel(table, CostTable({1: {1: 0.001, 2: 0.0015}, 4: {1: 0.002, 2: 0.003}}))
+    loop = {k: {"verify": (1.5 if k == 4 else 1.2) * costs.verify(k, 2.5), "draft": 2 * costs.draft_chain(k, 2.5),
+                "rows": 2.5} for k in range(6)}
+    rows = cost_check.compare(costs, loop)
+    assert [row["k"] for row in rows] == list(range(6))
+    assert [row["price error"] for row in rows] == [0.0, 0.0, 0.0, 0.0, 0.25, 0.0]
+    expected_price = round(costs.verify(3, 2.5) / costs.verify(0, 2.5), 3)  # read at the rows per forward
+    assert rows[3]["table price"] == rows[3]["loop price"] == expected_price
+    assert rows[2]["loop draft ms"] == round(2 * rows[2]["table draft ms"], 3) and rows[0]["table draft ms"] == 0.0
+    assert cost_check.largest_error(rows) == {"largest price error": 0.25, "at k": 4}
+
+
+def test_each_draft_length_timed_in_the_loop_at_the_rows_its_forwards_computed(tmp_path):
+    """At batch 1 every forward computes one row, the prefill's step left out; at batch 2 the plain loop's rows
+    finish together (EOS ignored) and a drafting call's forwards compute between one and two rows."""
+    for batch in (1, 2):
+        result = run(tmp_path / str(batch), "--batch-size", str(batch))
+        (table,) = result["processes"]
+        assert [row["k"] for row in table] == [0, 1, 2]
+        assert table[0]["rows per forward"] == batch and table[0]["price error"] == 0.0
+        assert all(1 <= row["rows per forward"] <= batch for row in table)
+        assert all(row["loop verify ms"] > 0 and row["table verify ms"] > 0 for row in table)
+        assert table[0]["loop draft ms"] < 0.1 * table[1]["loop draft ms"]  # the plain loop drafts nothing
+        assert all(row["loop draft ms"] > 0 and row["table draft ms"] > 0 for row in table[1:])
+        prices = [row["loop verify ms"] / table[0]["loop verify ms"] for row in table]
+        assert [row["loop price"] for row in table] == [round(price, 3) for price in prices]
+
+
+def test_processes_each_measure_afresh_and_the_summary_names_each_ones_largest_error(tmp_path, monkeypatch):
+    first = run(tmp_path)
+    first_orders = []
+
+    def fake_process(command, check):
+        out = Path(command[command.index("--out") + 1])
+        first_orders.append(int(command[command.index("--first-order") + 1]))
+        result = json.loads(json.dumps(first))
+        if out.name == "process-1":
+            result["processes"][0][2]["price error"] = -0.4
+        out.mkdir(parents=True)
+        (out / "cost_check.json").write_text(json.dumps(result))
+    monkeypatch.setattr(cost_check.subprocess, "run", fake_process)
+    pooled = run(tmp_path / "pooled", "--processes", "2")
+    assert first_orders == [0, 2]  # the second process's calls take the design's rows after the first's 2 calls
+    assert pooled["processes"][0] == first["processes"][0] and pooled["processes"][1][2]["price error"] == -0.4
+    summary = (tmp_path / "pooled" / "out" / "cost_check.md").read_text()
+    assert "| 2 | -0.4 | 2 |" in summary
+
+
+@pytest.mark.parametrize("argv, named", [(["--batch-size", "0"], "--batch-size"), (["--k-max", "x"], "--k-max"),
+                                         (["--temperature", "-1"], "--temperature")])
+def test_bad_options_are_refused_before_any_model_loads(argv, named, capsys):
+    with pytest.raises(SystemExit) as refused:
+        cost_check.parse_args(argv)
+    assert refused.value.code == 2 and named in capsys.readouterr().err
