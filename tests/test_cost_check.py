@@ -72,9 +72,14 @@ def test_processes_each_measure_afresh_and_the_summary_names_each_ones_largest_e
     assert "| 2 | -0.4 | 2 |" in summary
 
 
-@pytest.mark.parametrize("argv, named", [(["--batch-size", "0"], "--batch-size"), (["--k-max", "x"], "--k-max"),
-                                         (["--temperature", "-1"], "--temperature")])
-def test_bad_options_are_refused_before_any_model_loads(argv, named, capsys):
+@pytest.mark.parametrize("argv, named", [
+    (["--batch-size", "0"], "--batch-size: expected an integer >= 1, got '0'"),
+    (["--k-max", "x"], "--k-max: expected an integer >= 1, got 'x'"),
+    (["--temperature", "-1"], "--temperature: expected a temperature >= 0"),
+    (["--pair", "gpt5"], "--pair 'gpt5': unknown preset 'gpt5'"),
+])
+def test_bad_options_are_refused_in_one_line_before_any_model_loads(argv, named, capsys):
     with pytest.raises(SystemExit) as refused:
         cost_check.parse_args(argv)
-    assert refused.value.code == 2 and named in capsys.readouterr().err
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert refused.value.code == 2 and len(lines) == 1 and named in lines[0], lines
