@@ -6,15 +6,15 @@ the loop's own steps take, in fresh processes.
 
 Each process measures the table as the policy does at start-up (``specdec.costs.measure_costs``, at the batch size),
 then decodes the same ``--calls`` batches with every fixed k = 0..``--k-max`` (k = 0: the plain loop), interleaved
-in the orders of a balanced design after a warm-up call each, EOS ignored, and reads from each call's DecodeStats
-the seconds of its verifications (its target forwards after the prefill) and of its drafting, per step. A draft
+in the orders of a balanced design after a warm-up call each, EOS ignored, and keeps the seconds of each timed step's
+verification and drafting as the policy sees them (``StepTimes``: the steps that drafted all k). A draft
 length is chosen on the prices of the widths against each other, so the table gives, per k, the loop's price of a
 verification of k + 1 tokens over one token's against the table's (``price error``): where they differ, the
 policy ranks the draft lengths by a profile the loop does not have. The draft's seconds per step are the loop's
 over the table's forwards (the loop also samples each drafted token, which the table does not time).
 
 Rows of a speculating call finish unevenly and leave, so its later forwards compute fewer rows; the table is read
-at the mean rows per forward of each k's steps. ``--processes N`` runs N fresh processes one after another: on a
+at the mean rows fed by each k's steps. ``--processes N`` runs N fresh processes one after another: on a
 CPU the table and the loop's forwards differ between processes (docs/load.md), and the last table lists each
 process's largest price error.
 """
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -32,21 +34,37 @@ import torch
 import specdec
 from experiments.common.harness import (
     Report, add_pair_options, argument_parser, load_bench_pair, non_negative_int, parse_pair_options,
-    positive_int, run_interleaved, single_temperature,
+    positive_int, single_temperature, time_interleaved, warm_up_method,
 )
 from experiments.load_bench import call_batches, policy_method
 from specdec import Clock
 from specdec.costs import CostModel, measure_costs
 
 
-def loop_costs(tally) -> dict[str, float]:
-    """One fixed k's calls, summed: seconds per verification and per step's drafting, and rows per verification."""
+class StepTimes(specdec.FixedLength):
+    """Fixed k that keeps, of each decode step that drafted all k tokens, its verification's and drafting's seconds
+    as the policies see them (``StepOutcome``) and the rows it fed: not the prefill's step, nor the shorter steps the
+    loop takes near ``max_new_tokens``."""
+
+    def __init__(self, k: int):
+        super().__init__(k)
+        self.steps: list[tuple[float, float, int]] = []
+
+    def observe(self, outcome) -> None:
+        if outcome.k == self.k and math.isfinite(outcome.target_seconds):
+            self.steps.append((outcome.target_seconds, outcome.draft_seconds, len(outcome.num_accepted)))
+
+    def costs(self) -> dict[str, float]:
+        """The mean step's verification and drafting seconds, and rows fed."""
+        verify, draft, rows = (statistics.fmean(column) for column in zip(*self.steps))
+        return {"verify": verify, "draft": draft, "rows": rows}
+
+
+def plain_costs(tally, batch_size: int) -> dict[str, float]:
+    """The plain loop's seconds per forward after the prefill; its rows finish together (EOS ignored)."""
     forwards = sum(stats.target_forwards for stats in tally.stats)
-    row_steps = sum(sum(sum(row.steps_by_k) for row in stats.rows) - len(stats.rows) for stats in tally.stats)  # the
-    # prefill's step left out
-    return {"verify": sum(stats.target_step_seconds for stats in tally.stats) / forwards,
-            "draft": sum(stats.draft_step_seconds for stats in tally.stats) / forwards,
-            "rows": row_steps / forwards}
+    return {"verify": sum(stats.target_step_seconds for stats in tally.stats) / forwards, "draft": 0.0,
+            "rows": float(batch_size)}
 
 
 def compare(costs: CostModel, loop: dict[int, dict[str, float]]) -> list[dict]:
@@ -58,7 +76,7 @@ def compare(costs: CostModel, loop: dict[int, dict[str, float]]) -> list[dict]:
         table_verify = costs.verify(k, measured["rows"])
         table_price, loop_price = table_verify / plain_table, measured["verify"] / plain_loop
         table_draft = costs.draft_chain(k, measured["rows"])
-        rows.append({"k": k, "rows per forward": round(measured["rows"], 2),
+        rows.append({"k": k, "rows fed": round(measured["rows"], 2),
                      "table verify ms": round(1000 * table_verify, 3), "loop verify ms": round(1000 * measured["verify"], 3),
                      "table price": round(table_price, 3), "loop price": round(loop_price, 3),
                      "price error": round(loop_price / table_price - 1, 3),
@@ -74,13 +92,18 @@ def check_here(args: argparse.Namespace) -> tuple[str, list[dict]]:
     clock = Clock(pair.target.device)
     where = (f"{pair.name}, {pair.target.device} {next(pair.target.parameters()).dtype}, torch threads "
              f"{torch.get_num_threads()}")
+    policies = {k: StepTimes(k) for k in range(1, args.k_max + 1)}
+    methods = {k: policy_method(pair, policies.get(k), args.temperature, args.max_new_tokens)
+               for k in range(args.k_max + 1)}
+    batches = call_batches(pair.prompts, args.batch_size, args.calls)
     with torch.no_grad():
         costs = measure_costs(pair.target, pair.draft, args.batch_size, args.k_max)
-        methods = {k: policy_method(pair, specdec.FixedLength(k) if k else None, args.temperature, args.max_new_tokens)
-                   for k in range(args.k_max + 1)}
-        tallies = run_interleaved(methods, call_batches(pair.prompts, args.batch_size, args.calls), clock,
-                                  first_order=args.first_order)
-    return where, compare(costs, {k: loop_costs(tally) for k, tally in tallies.items()})
+        tallies = {k: warm_up_method(method, batches, clock) for k, method in methods.items()}
+        for policy in policies.values():
+            policy.steps.clear()  # the timed calls' steps only
+        time_interleaved(methods, batches, clock, tallies, first_order=args.first_order)
+    loop = {0: plain_costs(tallies[0], args.batch_size), **{k: policy.costs() for k, policy in policies.items()}}
+    return where, compare(costs, loop)
 
 
 def largest_error(rows: list[dict]) -> dict:

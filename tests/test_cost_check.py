@@ -36,20 +36,34 @@ def test_a_width_the_loop_prices_apart_from_the_table_shows_as_its_price_error()
     assert cost_check.largest_error(rows) == {"largest price error": 0.25, "at k": 4}
 
 
-def test_each_draft_length_timed_in_the_loop_at_the_rows_its_forwards_computed(tmp_path):
-    """At batch 1 every forward computes one row, the prefill's step left out; at batch 2 the plain loop's rows
-    finish together (EOS ignored) and a drafting call's forwards compute between one and two rows."""
+def test_each_draft_length_timed_in_the_loop_at_the_rows_its_steps_fed(tmp_path):
+    """At batch 1 every step feeds one row; at batch 2 the plain loop's rows finish together (EOS ignored) and a
+    drafting call's steps feed one or two rows. Each k's loop price is its verification over the plain loop's."""
     for batch in (1, 2):
         result = run(tmp_path / str(batch), "--batch-size", str(batch))
         (table,) = result["processes"]
         assert [row["k"] for row in table] == [0, 1, 2]
-        assert table[0]["rows per forward"] == batch and table[0]["price error"] == 0.0
-        assert all(1 <= row["rows per forward"] <= batch for row in table)
+        assert table[0]["rows fed"] == batch and table[0]["price error"] == 0.0
+        assert all(1 <= row["rows fed"] <= batch for row in table)
         assert all(row["loop verify ms"] > 0 and row["table verify ms"] > 0 for row in table)
-        assert table[0]["loop draft ms"] < 0.1 * table[1]["loop draft ms"]  # the plain loop drafts nothing
         assert all(row["loop draft ms"] > 0 and row["table draft ms"] > 0 for row in table[1:])
         prices = [row["loop verify ms"] / table[0]["loop verify ms"] for row in table]
         assert [row["loop price"] for row in table] == [round(price, 3) for price in prices]
+
+
+def test_step_times_keep_only_the_steps_that_drafted_all_k():
+    """Near max_new_tokens the loop drafts fewer than k; those steps, and the prefill's, are not k's."""
+    from experiments.common.harness import load_bench_pair
+    from specdec.batching import left_pad
+
+    pair = load_bench_pair("embedded", 2, "cpu", "float32")
+    policy = cost_check.StepTimes(4)
+    decoder = cost_check.specdec.Decoder(pair.target, cost_check.specdec.ModelDrafter(pair.draft), draft_length=policy)
+    ids, mask = left_pad(pair.prompts[:1])
+    output = decoder.generate(ids, mask, max_new_tokens=16)
+    full = output.stats.totals.steps_by_k[4] - 1  # the prefill's step drafted 4 too; its forward is the prompt's
+    assert 0 < len(policy.steps) == full < output.stats.target_forwards  # and a shorter step came near the end
+    assert all(rows == 1 and verify > 0 and draft > 0 for verify, draft, rows in policy.steps)
 
 
 def test_processes_each_measure_afresh_and_the_summary_names_each_ones_largest_error(tmp_path, monkeypatch):
