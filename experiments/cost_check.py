@@ -143,7 +143,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the row of the balanced order (experiments.common.harness.rotation) the first timed "
                              "call takes; --processes gives each process the rows after the last one's")
     add_pair_options(parser, "cost_check.md and cost_check.json")
-    return parse_pair_options(parser, argv, "cost_check")
+    args = parse_pair_options(parser, argv, "cost_check")
+    parser.check(lambda: check_room(args.k_max, args.max_new_tokens))
+    return args
+
+
+def check_room(k_max: int, max_new_tokens: int) -> None:
+    """Every k is timed on the steps that draft all of it, after the prefill's: a call whose first step emits k + 1
+    tokens must leave room for one more such step."""
+    if 2 * (k_max + 1) > max_new_tokens:
+        raise ValueError(f"--k-max {k_max} with --max-new-tokens {max_new_tokens}: a call must have room for a step "
+                         f"drafting all k after the first; need 2 (k_max + 1) <= --max-new-tokens")
 
 
 def main(argv=None) -> None:

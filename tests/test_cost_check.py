@@ -91,6 +91,7 @@ def test_processes_each_measure_afresh_and_the_summary_names_each_ones_largest_e
     (["--k-max", "x"], "--k-max: expected an integer >= 1, got 'x'"),
     (["--temperature", "-1"], "--temperature: expected a temperature >= 0"),
     (["--pair", "gpt5"], "--pair 'gpt5': unknown preset 'gpt5'"),
+    (["--k-max", "8", "--max-new-tokens", "17"], "--k-max 8 with --max-new-tokens 17: a call must have room"),
 ])
 def test_bad_options_are_refused_in_one_line_before_any_model_loads(argv, named, capsys):
     with pytest.raises(SystemExit) as refused:
