@@ -22,11 +22,8 @@ process's largest price error.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -34,7 +31,7 @@ import torch
 import specdec
 from experiments.common.harness import (
     Report, add_pair_options, argument_parser, load_bench_pair, non_negative_int, parse_pair_options,
-    positive_int, single_temperature, time_interleaved, warm_up_method,
+    positive_int, run_in_processes, single_temperature, time_interleaved, warm_up_method,
 )
 from experiments.load_bench import call_batches, policy_method
 from specdec import Clock
@@ -111,25 +108,6 @@ def largest_error(rows: list[dict]) -> dict:
     return {"largest price error": worst["price error"], "at k": worst["k"]}
 
 
-def child_argv(args: argparse.Namespace, out: Path, index: int) -> list[str]:
-    """The ``index``-th process's options: its calls take the design's orders after the last process's."""
-    argv = ["--pair", args.pair, "--batch-size", str(args.batch_size), "--temperature", str(args.temperature),
-            "--k-max", str(args.k_max), "--calls", str(args.calls), "--max-new-tokens", str(args.max_new_tokens),
-            "--device", args.device, "--dtype", args.dtype, "--out", str(out),
-            "--first-order", str(args.first_order + index * args.calls)]
-    return argv + (["--threads", str(args.threads)] if args.threads else [])
-
-
-def check_in_processes(args: argparse.Namespace) -> tuple[str, list[list[dict]]]:
-    results = []
-    for index in range(args.processes):
-        out = Path(args.out) / f"process-{index}"
-        print(f"\n# process {index + 1} of {args.processes}: {out}", flush=True)
-        subprocess.run([sys.executable, "-m", "experiments.cost_check", *child_argv(args, out, index)], check=True)
-        results.append(json.loads((out / "cost_check.json").read_text()))
-    return results[0]["where"], [result["processes"][0] for result in results]
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argument_parser("experiments.cost_check", __doc__)
     parser.add_argument("--pair", default="embedded", help="a load_pair preset with a shared tokenizer")
@@ -159,7 +137,8 @@ def check_room(k_max: int, max_new_tokens: int) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.processes > 1:
-        where, processes = check_in_processes(args)
+        results = run_in_processes("experiments.cost_check", args, "cost_check.json")
+        where, processes = results[0]["where"], [result["processes"][0] for result in results]
     else:
         where, table = check_here(args)
         processes = [table]

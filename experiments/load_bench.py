@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,7 +39,7 @@ import torch
 import specdec
 from experiments.common.harness import (
     Decoded, Method, Pair, Report, add_pair_options, argument_parser, load_bench_pair, non_negative_int,
-    parse_pair_options, positive_int, positive_ints, run_interleaved, temperatures,
+    parse_pair_options, positive_int, positive_ints, run_in_processes, run_interleaved, temperatures,
 )
 from specdec import Clock
 from specdec.batching import left_pad
@@ -193,26 +191,10 @@ def measure_here(args: argparse.Namespace) -> tuple[str, Iterator[dict]]:
                    for temperature in args.temperatures for batch_size in args.batch_sizes)
 
 
-def child_argv(args: argparse.Namespace, out: Path, index: int) -> list[str]:
-    """This bench's options for the ``index``-th process of ``--processes``: its calls take the orders after the
-    last process's (``--first-order``), so that the pooled calls run the methods in the rows of one balanced design
-    (``experiments.common.harness.rotation``)."""
-    argv = ["--pair", args.pair, "--batch-sizes", ",".join(map(str, args.batch_sizes)),
-            "--temperatures", ",".join(map(str, args.temperatures)), "--ks", ",".join(map(str, args.ks)),
-            "--calls", str(args.calls), "--max-new-tokens", str(args.max_new_tokens), "--device", args.device,
-            "--dtype", args.dtype, "--out", str(out), "--first-order", str(args.first_order + index * args.calls)]
-    return argv + (["--threads", str(args.threads)] if args.threads else [])
-
-
 def measure_in_processes(args: argparse.Namespace) -> tuple[str, list[dict], list[list[dict]]]:
     """The bench in ``args.processes`` fresh processes, one after another: where they ran, every setting's calls
     pooled over the processes, and each process's verdicts."""
-    results = []
-    for index in range(args.processes):
-        out = Path(args.out) / f"process-{index}"
-        print(f"\n# process {index + 1} of {args.processes}: {out}", flush=True)
-        subprocess.run([sys.executable, "-m", "experiments.load_bench", *child_argv(args, out, index)], check=True)
-        results.append(json.loads((out / "load_bench.json").read_text()))
+    results = run_in_processes("experiments.load_bench", args, "load_bench.json")
     settings = [{"batch": setting["batch"], "T": setting["T"],
                  "calls": {name: Calls(**calls) for name, calls in setting["calls"].items()}}
                 for setting in results[0]["calls"]]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.common import harness
 from experiments import cost_check
 from specdec.costs import CostModel, CostTable
 
@@ -78,7 +79,7 @@ def test_processes_each_measure_afresh_and_the_summary_names_each_ones_largest_e
             result["processes"][0][2]["price error"] = -0.4
         out.mkdir(parents=True)
         (out / "cost_check.json").write_text(json.dumps(result))
-    monkeypatch.setattr(cost_check.subprocess, "run", fake_process)
+    monkeypatch.setattr(harness.subprocess, "run", fake_process)
     pooled = run(tmp_path / "pooled", "--processes", "2")
     assert first_orders == [0, 2]  # the second process's calls take the design's rows after the first's 2 calls
     assert pooled["processes"][0] == first["processes"][0] and pooled["processes"][1][2]["price error"] == -0.4
@@ -98,3 +99,20 @@ def test_bad_options_are_refused_in_one_line_before_any_model_loads(argv, named,
         cost_check.parse_args(argv)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert refused.value.code == 2 and len(lines) == 1 and named in lines[0], lines
+
+
+@pytest.mark.parametrize("bench, argv", [
+    ("cost_check", ["--batch-size", "4", "--temperature", "0.5", "--k-max", "3", "--calls", "5", "--threads", "1"]),
+    ("load_bench", ["--batch-sizes", "1,16", "--temperatures", "0,1", "--ks", "2,4", "--calls", "3"]),
+])
+def test_a_fresh_process_parses_the_benchs_own_options_back_with_its_own_out_and_order(bench, argv, tmp_path):
+    """``--processes``: each child parses to the parent's options but for its own --out and the design's rows after
+    the last child's calls."""
+    from experiments import load_bench
+
+    parse = {"cost_check": cost_check.parse_args, "load_bench": load_bench.parse_args}[bench]
+    parent = parse([*argv, "--processes", "3", "--out", str(tmp_path / "out")])
+    child = parse(harness.fresh_process_argv(parent, tmp_path / "out" / "process-2", 2))
+    calls = parent.calls
+    assert vars(child) == {**vars(parent), "processes": 1, "out": str(tmp_path / "out" / "process-2"),
+                           "first_order": 2 * calls}

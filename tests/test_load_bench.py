@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.common import harness
 from experiments import load_bench
 from experiments.common.harness import Decoded, Method
 
@@ -88,7 +89,7 @@ def test_processes_pool_their_calls_each_paired_with_its_own_plain_loop(tmp_path
             result["verdicts"] = [{**v, "cost_optimal / best": "0.500 [0.4, 0.6]"} for v in result["verdicts"]]
         out.mkdir(parents=True)
         (out / "load_bench.json").write_text(json.dumps(result))
-    monkeypatch.setattr(load_bench.subprocess, "run", fake_process)
+    monkeypatch.setattr(harness.subprocess, "run", fake_process)
     pooled = run(tmp_path / "pooled", "--processes", "2")
     assert first_orders == [0, 2]  # the second process's calls take the design's rows after the first's 2 calls
     for setting, alone in zip(pooled["calls"], first["calls"]):

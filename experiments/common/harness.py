@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -420,6 +422,35 @@ class HostReads:
             self.count += 1
             return original(tensor, *args)
         return counted
+
+
+# --- fresh processes ---------------------------------------------------------------------------------------------
+
+
+def fresh_process_argv(args: argparse.Namespace, out: Path, index: int) -> list[str]:
+    """A bench's options for the ``index``-th of its ``--processes``: its own options as parsed (lists joined by
+    commas; None left to the default), its own ``--out``, and ``--first-order`` after the last process's calls, so
+    that the pooled calls run the methods in the rows of one balanced design (``rotation``). The bench's options all
+    take a value (no flags)."""
+    argv = []
+    for key, value in vars(args).items():
+        if key in ("processes", "out", "first_order") or value is None:
+            continue
+        argv += [f"--{key.replace('_', '-')}", ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    return argv + ["--out", str(out), "--first-order", str(args.first_order + index * args.calls)]
+
+
+def run_in_processes(module: str, args: argparse.Namespace, written: str) -> list[dict]:
+    """``python -m module`` run afresh ``args.processes`` times, one after another (``<out>/process-<i>``, options
+    from ``fresh_process_argv``): the JSON each wrote to ``written``, in order. On a CPU the forwards' costs differ
+    between processes, so one process is one draw of the machine."""
+    results = []
+    for index in range(args.processes):
+        out = Path(args.out) / f"process-{index}"
+        print(f"\n# process {index + 1} of {args.processes}: {out}", flush=True)
+        subprocess.run([sys.executable, "-m", module, *fresh_process_argv(args, out, index)], check=True)
+        results.append(json.loads((out / written).read_text()))
+    return results
 
 
 # --- argument checks: one line naming the value and what is allowed, before any model loads ----------------------
