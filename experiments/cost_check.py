@@ -10,13 +10,13 @@ in the orders of a balanced design after a warm-up call each, EOS ignored, and k
 verification and drafting as the policy sees them (``StepTimes``: the steps that drafted all k). A draft
 length is chosen on the prices of the widths against each other, so the table gives, per k, the loop's price of a
 verification of k + 1 tokens over one token's against the table's (``price error``): where they differ, the
-policy ranks the draft lengths by a profile the loop does not have. The draft's seconds per step are the loop's
-over the table's forwards (the loop also samples each drafted token, which the table does not time).
+policy ranks the draft lengths by a profile the loop does not have. The drafting seconds per step are the loop's
+beside the table's forwards (the loop also samples each drafted token, which the table does not time).
 
 Rows of a speculating call finish unevenly and leave, so its later forwards compute fewer rows; the table is read
 at the mean rows fed by each k's steps. ``--processes N`` runs N fresh processes one after another: on a
-CPU the table and the loop's forwards differ between processes (docs/load.md), and the last table lists each
-process's largest price error.
+CPU the forwards' prices by width move between processes and from one second to the next (docs/load.md), and the
+last table lists each process's largest price error.
 """
 
 from __future__ import annotations
