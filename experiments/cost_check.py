@@ -73,11 +73,11 @@ def compare(costs: CostModel, loop: dict[int, dict[str, float]]) -> list[dict]:
         table_verify = costs.verify(k, measured["rows"])
         table_price, loop_price = table_verify / plain_table, measured["verify"] / plain_loop
         table_draft = costs.draft_chain(k, measured["rows"])
-        rows.append({"k": k, "rows fed": round(measured["rows"], 2),
-                     "table verify ms": round(1000 * table_verify, 3), "loop verify ms": round(1000 * measured["verify"], 3),
-                     "table price": round(table_price, 3), "loop price": round(loop_price, 3),
-                     "price error": round(loop_price / table_price - 1, 3),
-                     "table draft ms": round(1000 * table_draft, 3), "loop draft ms": round(1000 * measured["draft"], 3)})
+        rows.append({"k": k, "rows fed": round(measured["rows"], 2), "table verify ms": round(1000 * table_verify, 3),
+                     "loop verify ms": round(1000 * measured["verify"], 3), "table price": round(table_price, 3),
+                     "loop price": round(loop_price, 3), "price error": round(loop_price / table_price - 1, 3),
+                     "table draft ms": round(1000 * table_draft, 3),
+                     "loop draft ms": round(1000 * measured["draft"], 3)})
     return rows
 
 
