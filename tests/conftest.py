@@ -134,6 +134,29 @@ def loads(monkeypatch) -> dict:
     return counts
 
 
+@pytest.fixture
+def stand_in_processes(monkeypatch):
+    """``harness.run_in_processes`` without fresh processes: ``install(result, written, change)`` makes each process
+    write a copy of ``result`` (the second's passed through ``change`` first) to ``<its --out>/written``; the list it
+    returns fills with each process's ``--first-order``."""
+    from experiments.common import harness
+
+    def install(result: dict, written: str, change) -> list[int]:
+        first_orders = []
+
+        def run(command, check):
+            out = Path(command[command.index("--out") + 1])
+            first_orders.append(int(command[command.index("--first-order") + 1]))
+            copy = json.loads(json.dumps(result))
+            if out.name == "process-1":
+                change(copy)
+            out.mkdir(parents=True)
+            (out / written).write_text(json.dumps(copy))
+        monkeypatch.setattr(harness.subprocess, "run", run)
+        return first_orders
+    return install
+
+
 def tiny_overrides(tiny: dict, **extra) -> list[str]:
     """Overrides that point a run at the tiny pair and prompt file, sized for a test."""
     settings = {

@@ -5,7 +5,6 @@ out), the rows those forwards computed, and each width's price over one token's 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -67,19 +66,12 @@ def test_step_times_keep_only_the_steps_that_drafted_all_k():
     assert all(rows == 1 and verify > 0 and draft > 0 for verify, draft, rows in policy.steps)
 
 
-def test_processes_each_measure_afresh_and_the_summary_names_each_ones_largest_error(tmp_path, monkeypatch):
+def test_processes_each_measure_afresh_and_the_summary_names_each_ones_largest_error(tmp_path, stand_in_processes):
     first = run(tmp_path)
-    first_orders = []
 
-    def fake_process(command, check):
-        out = Path(command[command.index("--out") + 1])
-        first_orders.append(int(command[command.index("--first-order") + 1]))
-        result = json.loads(json.dumps(first))
-        if out.name == "process-1":
-            result["processes"][0][2]["price error"] = -0.4
-        out.mkdir(parents=True)
-        (out / "cost_check.json").write_text(json.dumps(result))
-    monkeypatch.setattr(harness.subprocess, "run", fake_process)
+    def change(result):
+        result["processes"][0][2]["price error"] = -0.4
+    first_orders = stand_in_processes(first, "cost_check.json", change)
     pooled = run(tmp_path / "pooled", "--processes", "2")
     assert first_orders == [0, 2]  # the second process's calls take the design's rows after the first's 2 calls
     assert pooled["processes"][0] == first["processes"][0] and pooled["processes"][1][2]["price error"] == -0.4

@@ -6,11 +6,9 @@ cost_optimal with the fastest fixed k and the heuristic it measured."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from experiments.common import harness
 from experiments import load_bench
 from experiments.common.harness import Decoded, Method
 
@@ -71,25 +69,17 @@ def test_a_policy_whose_greedy_tokens_differ_is_refused_before_its_speedup_is_re
     assert not (tmp_path / "out" / "load_bench.json").exists()
 
 
-def test_processes_pool_their_calls_each_paired_with_its_own_plain_loop(tmp_path, monkeypatch):
+def test_processes_pool_their_calls_each_paired_with_its_own_plain_loop(tmp_path, stand_in_processes):
     """Two processes, the second's cost_optimal calls twice as slow as the first's: the pooled speedup is that of
     all calls together (not the mean of the two), and the verdict lists each process's share of the best."""
     first = run(tmp_path)
 
-    first_orders = []
-
-    def fake_process(command, check):
-        out = Path(command[command.index("--out") + 1])
-        first_orders.append(int(command[command.index("--first-order") + 1]))
-        result = json.loads(json.dumps(first))
-        if out.name == "process-1":
-            for setting in result["calls"]:
-                calls = setting["calls"]["cost_optimal"]
-                calls["seconds"] = [2 * seconds for seconds in calls["seconds"]]
-            result["verdicts"] = [{**v, "cost_optimal / best": "0.500 [0.4, 0.6]"} for v in result["verdicts"]]
-        out.mkdir(parents=True)
-        (out / "load_bench.json").write_text(json.dumps(result))
-    monkeypatch.setattr(harness.subprocess, "run", fake_process)
+    def change(result):
+        for setting in result["calls"]:
+            calls = setting["calls"]["cost_optimal"]
+            calls["seconds"] = [2 * seconds for seconds in calls["seconds"]]
+        result["verdicts"] = [{**v, "cost_optimal / best": "0.500 [0.4, 0.6]"} for v in result["verdicts"]]
+    first_orders = stand_in_processes(first, "load_bench.json", change)
     pooled = run(tmp_path / "pooled", "--processes", "2")
     assert first_orders == [0, 2]  # the second process's calls take the design's rows after the first's 2 calls
     for setting, alone in zip(pooled["calls"], first["calls"]):
