@@ -30,11 +30,11 @@ import torch
 
 import specdec
 from experiments.common.harness import (
-    Report, add_pair_options, argument_parser, load_bench_pair, non_negative_int, parse_pair_options,
-    positive_int, run_in_processes, single_temperature, time_interleaved, warm_up_method,
+    Report, add_pair_options, argument_parser, load_pair_here, non_negative_int, parse_pair_options,
+    positive_int, single_temperature, time_interleaved, warm_up_method,
 )
+from experiments.common.processes import run_in_processes
 from experiments.load_bench import call_batches, policy_method
-from specdec import Clock
 from specdec.costs import CostModel, measure_costs
 
 
@@ -83,12 +83,7 @@ def compare(costs: CostModel, loop: dict[int, dict[str, float]]) -> list[dict]:
 
 def check_here(args: argparse.Namespace) -> tuple[str, list[dict]]:
     """This process's table and loop, compared (``compare``)."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    pair = load_bench_pair(args.pair, args.batch_size * args.calls, args.device, args.dtype)
-    clock = Clock(pair.target.device)
-    where = (f"{pair.name}, {pair.target.device} {next(pair.target.parameters()).dtype}, torch threads "
-             f"{torch.get_num_threads()}")
+    pair, clock, where = load_pair_here(args, args.batch_size * args.calls)
     policies = {k: StepTimes(k) for k in range(1, args.k_max + 1)}
     methods = {k: policy_method(pair, policies.get(k), args.temperature, args.max_new_tokens)
                for k in range(args.k_max + 1)}

@@ -38,9 +38,10 @@ import torch
 
 import specdec
 from experiments.common.harness import (
-    Decoded, Method, Pair, Report, add_pair_options, argument_parser, load_bench_pair, non_negative_int,
-    parse_pair_options, positive_int, positive_ints, run_in_processes, run_interleaved, temperatures,
+    Decoded, Method, Pair, Report, add_pair_options, argument_parser, load_pair_here, non_negative_int,
+    parse_pair_options, positive_int, positive_ints, run_interleaved, temperatures,
 )
+from experiments.common.processes import run_in_processes
 from specdec import Clock
 from specdec.batching import left_pad
 from specdec.results import bootstrap_totals, interval
@@ -181,12 +182,7 @@ def verdict(batch_size: int, temperature: float, calls: dict[str, Calls]) -> dic
 def measure_here(args: argparse.Namespace) -> tuple[str, Iterator[dict]]:
     """The bench in this process: where it runs, and every setting's calls (``measure_load``'s), each
     measured as it is asked for, so that its table is printed before the next setting starts."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    pair = load_bench_pair(args.pair, max(args.batch_sizes) * args.calls, args.device, args.dtype)
-    clock = Clock(pair.target.device)
-    where = (f"{pair.name}, {pair.target.device} {next(pair.target.parameters()).dtype}, torch threads "
-             f"{torch.get_num_threads()}")
+    pair, clock, where = load_pair_here(args, max(args.batch_sizes) * args.calls)
     return where, (measure_load(pair, batch_size, temperature, args, clock)
                    for temperature in args.temperatures for batch_size in args.batch_sizes)
 

@@ -136,10 +136,10 @@ def loads(monkeypatch) -> dict:
 
 @pytest.fixture
 def stand_in_processes(monkeypatch):
-    """``harness.run_in_processes`` without fresh processes: ``install(result, written, change)`` makes each process
-    write a copy of ``result`` (the second's passed through ``change`` first) to ``<its --out>/written``; the list it
-    returns fills with each process's ``--first-order``."""
-    from experiments.common import harness
+    """``experiments.common.processes.run_in_processes`` without fresh processes: ``install(result, written,
+    change)`` makes each process write a copy of ``result`` (the second's passed through ``change`` first) to
+    ``<its --out>/written``; the list it returns fills with each process's ``--first-order``."""
+    from experiments.common import processes
 
     def install(result: dict, written: str, change) -> list[int]:
         first_orders = []
@@ -152,7 +152,7 @@ def stand_in_processes(monkeypatch):
                 change(copy)
             out.mkdir(parents=True)
             (out / written).write_text(json.dumps(copy))
-        monkeypatch.setattr(harness.subprocess, "run", run)
+        monkeypatch.setattr(processes.subprocess, "run", run)
         return first_orders
     return install
 

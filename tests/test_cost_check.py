@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from experiments.common import harness
+from experiments.common import processes
 from experiments import cost_check
 from specdec.costs import CostModel, CostTable
 
@@ -104,7 +104,7 @@ def test_a_fresh_process_parses_the_benchs_own_options_back_with_its_own_out_and
 
     parse = {"cost_check": cost_check.parse_args, "load_bench": load_bench.parse_args}[bench]
     parent = parse([*argv, "--processes", "3", "--out", str(tmp_path / "out")])
-    child = parse(harness.fresh_process_argv(parent, tmp_path / "out" / "process-2", 2))
+    child = parse(processes.fresh_process_argv(parent, tmp_path / "out" / "process-2", 2))
     calls = parent.calls
     assert vars(child) == {**vars(parent), "processes": 1, "out": str(tmp_path / "out" / "process-2"),
                            "first_order": 2 * calls}

@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -65,6 +63,17 @@ def load_bench_pair(name: str, num_prompts: int, device: str, dtype: str) -> Pai
     texts = [p.text for p in specdec.load_prompts("embedded_heldout", limit=num_prompts)]
     prompts = [pair.tokenizer(text).input_ids for text in texts]
     return Pair(name, pair.draft, pair.target, prompts, pair.tokenizer.eos_token_id, True)
+
+
+def load_pair_here(args: argparse.Namespace, num_prompts: int) -> tuple[Pair, Clock, str]:
+    """A load bench's pair at the asked torch threads (``load_bench_pair``), the clock of its device, and where it
+    runs, for the report's title."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    pair = load_bench_pair(args.pair, num_prompts, args.device, args.dtype)
+    where = (f"{pair.name}, {pair.target.device} {next(pair.target.parameters()).dtype}, torch threads "
+             f"{torch.get_num_threads()}")
+    return pair, Clock(pair.target.device), where
 
 
 # --- the interleaved run ----------------------------------------------------------------------------------------
@@ -422,35 +431,6 @@ class HostReads:
             self.count += 1
             return original(tensor, *args)
         return counted
-
-
-# --- fresh processes ---------------------------------------------------------------------------------------------
-
-
-def fresh_process_argv(args: argparse.Namespace, out: Path, index: int) -> list[str]:
-    """A bench's options for the ``index``-th of its ``--processes``: its own options as parsed (lists joined by
-    commas; None left to the default), its own ``--out``, and ``--first-order`` after the last process's calls, so
-    that the pooled calls run the methods in the rows of one balanced design (``rotation``). The bench's options all
-    take a value (no flags)."""
-    argv = []
-    for key, value in vars(args).items():
-        if key in ("processes", "out", "first_order") or value is None:
-            continue
-        argv += [f"--{key.replace('_', '-')}", ",".join(map(str, value)) if isinstance(value, list) else str(value)]
-    return argv + ["--out", str(out), "--first-order", str(args.first_order + index * args.calls)]
-
-
-def run_in_processes(module: str, args: argparse.Namespace, written: str) -> list[dict]:
-    """``python -m module`` run afresh ``args.processes`` times, one after another (``<out>/process-<i>``, options
-    from ``fresh_process_argv``): the JSON each wrote to ``written``, in order. On a CPU the forwards' costs differ
-    between processes, so one process is one draw of the machine."""
-    results = []
-    for index in range(args.processes):
-        out = Path(args.out) / f"process-{index}"
-        print(f"\n# process {index + 1} of {args.processes}: {out}", flush=True)
-        subprocess.run([sys.executable, "-m", module, *fresh_process_argv(args, out, index)], check=True)
-        results.append(json.loads((out / written).read_text()))
-    return results
 
 
 # --- argument checks: one line naming the value and what is allowed, before any model loads ----------------------

@@ -1,0 +1,37 @@
+"""A bench run in fresh processes, one after another, each a fresh draw of the machine: on a CPU the forwards' costs
+differ between processes (docs/load.md). Shared by ``experiments.load_bench`` and ``experiments.cost_check``
+(``--processes N``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def fresh_process_argv(args: argparse.Namespace, out: Path, index: int) -> list[str]:
+    """A bench's options for the ``index``-th of its ``--processes``: its own options as parsed (lists joined by
+    commas; None left to the default), its own ``--out``, and ``--first-order`` after the last process's calls, so
+    that the pooled calls run the methods in the rows of one balanced design (``harness.rotation``). The bench's
+    options all take a value (no flags)."""
+    argv = []
+    for key, value in vars(args).items():
+        if key in ("processes", "out", "first_order") or value is None:
+            continue
+        argv += [f"--{key.replace('_', '-')}", ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    return argv + ["--out", str(out), "--first-order", str(args.first_order + index * args.calls)]
+
+
+def run_in_processes(module: str, args: argparse.Namespace, written: str) -> list[dict]:
+    """``python -m module`` run afresh ``args.processes`` times, one after another (``<out>/process-<i>``, options
+    from ``fresh_process_argv``): the JSON each wrote to ``written``, in order. On a CPU the forwards' costs differ
+    between processes, so one process is one draw of the machine."""
+    results = []
+    for index in range(args.processes):
+        out = Path(args.out) / f"process-{index}"
+        print(f"\n# process {index + 1} of {args.processes}: {out}", flush=True)
+        subprocess.run([sys.executable, "-m", module, *fresh_process_argv(args, out, index)], check=True)
+        results.append(json.loads((out / written).read_text()))
+    return results
