@@ -30,10 +30,10 @@ import torch
 
 import specdec
 from experiments.common.harness import (
-    Report, add_pair_options, argument_parser, load_pair_here, non_negative_int, parse_pair_options,
+    Report, add_pair_options, argument_parser, load_pair_here, parse_pair_options,
     positive_int, single_temperature, time_interleaved, warm_up_method,
 )
-from experiments.common.processes import run_in_processes
+from experiments.common.processes import add_process_options, run_in_processes
 from experiments.load_bench import call_batches, policy_method
 from specdec.costs import CostModel, measure_costs
 
@@ -83,17 +83,17 @@ def compare(costs: CostModel, loop: dict[int, dict[str, float]]) -> list[dict]:
 
 def check_here(args: argparse.Namespace) -> tuple[str, list[dict]]:
     """This process's table and loop, compared (``compare``)."""
-    pair, clock, where = load_pair_here(args, args.batch_size * args.calls)
+    pair, clock, where = load_pair_here(args, args.batch_size * (args.first_call + args.calls))
     policies = {k: StepTimes(k) for k in range(1, args.k_max + 1)}
     methods = {k: policy_method(pair, policies.get(k), args.temperature, args.max_new_tokens)
                for k in range(args.k_max + 1)}
-    batches = call_batches(pair.prompts, args.batch_size, args.calls)
+    batches = call_batches(pair.prompts, args.batch_size, args.calls, args.first_call)
     with torch.no_grad():
         costs = measure_costs(pair.target, pair.draft, args.batch_size, args.k_max)
         tallies = {k: warm_up_method(method, batches, clock) for k, method in methods.items()}
         for policy in policies.values():
             policy.steps.clear()  # the timed calls' steps only
-        time_interleaved(methods, batches, clock, tallies, first_order=args.first_order)
+        time_interleaved(methods, batches, clock, tallies, first_call=args.first_call)
     loop = {0: plain_costs(tallies[0], args.batch_size), **{k: policy.costs() for k, policy in policies.items()}}
     return where, compare(costs, loop)
 
@@ -111,10 +111,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--k-max", type=positive_int, default=8, help="the draft lengths checked: 0..k_max")
     parser.add_argument("--calls", type=positive_int, default=4, help="timed calls per draft length")
     parser.add_argument("--max-new-tokens", type=positive_int, default=64)
-    parser.add_argument("--processes", type=positive_int, default=1, help="fresh processes, one after another")
-    parser.add_argument("--first-order", type=non_negative_int, default=0,
-                        help="the row of the balanced order (experiments.common.harness.rotation) the first timed "
-                             "call takes; --processes gives each process the rows after the last one's")
+    add_process_options(parser)
     add_pair_options(parser, "cost_check.md and cost_check.json")
     args = parse_pair_options(parser, argv, "cost_check")
     parser.check(lambda: check_room(args.k_max, args.max_new_tokens))

@@ -18,9 +18,11 @@ targets (issue 46: within 3% of the best fixed k, never below 0.97x, above the h
 
 On a CPU the forwards' costs differ between processes (the embedded target's one-row forward of 5 tokens took 8 ms
 in some and 11 ms in others: docs/load.md), so one process is one draw of the machine. ``--processes N`` runs the
-bench in N fresh processes one after another (``<out>/process-<i>``) and pools their calls: each process's calls
-stay paired with its own plain loop's, the tables are of all calls together, and the verdict lists each process's
-cost_optimal / best beside the pooled one.
+bench in N fresh processes one after another (``<out>/process-<i>``) and pools their calls: each process decodes
+its own calls, the prompts and seeds after the last process's (``--first-call``; at T > 0 the same seeds in every
+process drew the same samples, and fixed k = 4's luck on the bench's 8 calls at batch 1, +5% on its mean, counted in
+every process), each paired with its own plain loop's; the tables are of all calls together, and the verdict lists
+each process's cost_optimal / best beside the pooled one.
 
     python -m experiments.load_bench --processes 3
 """
@@ -38,10 +40,10 @@ import torch
 
 import specdec
 from experiments.common.harness import (
-    Decoded, Method, Pair, Report, add_pair_options, argument_parser, load_pair_here, non_negative_int,
+    Decoded, Method, Pair, Report, add_pair_options, argument_parser, load_pair_here,
     parse_pair_options, positive_int, positive_ints, run_interleaved, temperatures,
 )
-from experiments.common.processes import run_in_processes
+from experiments.common.processes import add_process_options, run_in_processes
 from specdec import Clock
 from specdec.batching import left_pad
 from specdec.results import bootstrap_totals, interval
@@ -72,9 +74,11 @@ def policy_method(pair: Pair, policy, temperature: float, max_new_tokens: int) -
     return Method(decode)
 
 
-def call_batches(prompts: list[list[int]], batch_size: int, calls: int) -> list[list[list[int]]]:
-    """``calls`` batches of ``batch_size`` prompts, taken in order and cycled."""
-    return [[prompts[(call * batch_size + row) % len(prompts)] for row in range(batch_size)] for call in range(calls)]
+def call_batches(prompts: list[list[int]], batch_size: int, calls: int, first_call: int = 0) -> list[list[list[int]]]:
+    """The batches of calls ``first_call`` .. ``first_call`` + ``calls`` - 1: call i's ``batch_size`` prompts from
+    i x ``batch_size`` on, taken in order and cycled."""
+    return [[prompts[(call * batch_size + row) % len(prompts)] for row in range(batch_size)]
+            for call in range(first_call, first_call + calls)]
 
 
 def check_greedy_equal(tallies: dict) -> None:
@@ -134,9 +138,9 @@ def measure_load(pair: Pair, batch_size: int, temperature: float, args: argparse
     policy's calls, and what cost_optimal chose from (``chosen_from``)."""
     chosen = policies(args.ks)
     methods = {name: policy_method(pair, policy, temperature, args.max_new_tokens) for name, policy in chosen.items()}
-    batches = call_batches(pair.prompts, batch_size, args.calls)
+    batches = call_batches(pair.prompts, batch_size, args.calls, args.first_call)
     with torch.no_grad():
-        tallies = run_interleaved(methods, batches, clock, first_order=args.first_order)
+        tallies = run_interleaved(methods, batches, clock, first_call=args.first_call)
     if temperature == 0:
         check_greedy_equal(tallies)
     return {"batch": batch_size, "T": temperature, "calls": {name: Calls.of(tally) for name, tally in tallies.items()},
@@ -182,7 +186,7 @@ def verdict(batch_size: int, temperature: float, calls: dict[str, Calls]) -> dic
 def measure_here(args: argparse.Namespace) -> tuple[str, Iterator[dict]]:
     """The bench in this process: where it runs, and every setting's calls (``measure_load``'s), each
     measured as it is asked for, so that its table is printed before the next setting starts."""
-    pair, clock, where = load_pair_here(args, max(args.batch_sizes) * args.calls)
+    pair, clock, where = load_pair_here(args, max(args.batch_sizes) * (args.first_call + args.calls))
     return where, (measure_load(pair, batch_size, temperature, args, clock)
                    for temperature in args.temperatures for batch_size in args.batch_sizes)
 
@@ -216,11 +220,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ks", type=positive_ints, default="1,2,4", help="the fixed draft lengths beside the plain loop")
     parser.add_argument("--calls", type=positive_int, default=8, help="timed calls per policy at each batch size")
     parser.add_argument("--max-new-tokens", type=positive_int, default=64)
-    parser.add_argument("--processes", type=positive_int, default=1,
-                        help="fresh processes to run the bench in, one after another, their calls pooled")
-    parser.add_argument("--first-order", type=non_negative_int, default=0,
-                        help="the row of the methods' balanced order (experiments.common.harness.rotation) the first "
-                             "timed call takes; --processes gives each process the rows after the last one's")
+    add_process_options(parser)
     add_pair_options(parser, "load_bench.md and load_bench.json")
     return parse_pair_options(parser, argv, "load_bench")
 

@@ -138,22 +138,22 @@ def loads(monkeypatch) -> dict:
 def stand_in_processes(monkeypatch):
     """``experiments.common.processes.run_in_processes`` without fresh processes: ``install(result, written,
     change)`` makes each process write a copy of ``result`` (the second's passed through ``change`` first) to
-    ``<its --out>/written``; the list it returns fills with each process's ``--first-order``."""
+    ``<its --out>/written``; the list it returns fills with each process's ``--first-call``."""
     from experiments.common import processes
 
     def install(result: dict, written: str, change) -> list[int]:
-        first_orders = []
+        first_calls = []
 
         def run(command, check):
             out = Path(command[command.index("--out") + 1])
-            first_orders.append(int(command[command.index("--first-order") + 1]))
+            first_calls.append(int(command[command.index("--first-call") + 1]))
             copy = json.loads(json.dumps(result))
             if out.name == "process-1":
                 change(copy)
             out.mkdir(parents=True)
             (out / written).write_text(json.dumps(copy))
         monkeypatch.setattr(processes.subprocess, "run", run)
-        return first_orders
+        return first_calls
     return install
 
 

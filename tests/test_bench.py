@@ -321,6 +321,25 @@ def test_run_interleaved_warms_up_each_method_then_rotates_the_order_per_batch()
     assert all(math.isnan(tally.forward_seconds) for tally in tallies.values())  # no models given to time
 
 
+def test_calls_from_first_call_take_its_seeds_and_rows_of_the_order():
+    """Calls numbered from ``first_call``: call i runs with seed i in row i of the order, so a second process's calls
+    (--processes) are new draws at T > 0, not the first process's samples again."""
+    calls = []
+
+    def method(name):
+        def decode(batch, seed):
+            calls.append((name, seed))
+            return harness.Decoded([[seed]])
+        return harness.Method(decode)
+
+    harness.run_interleaved({name: method(name) for name in ("a", "bb", "ccc")}, [[[10]], [[11]]], TickingClock(),
+                            first_call=4)
+    timed = calls[3:]
+    assert timed == [(name, 4) for name in harness.rotation(["a", "bb", "ccc"], 4)] + \
+        [(name, 5) for name in harness.rotation(["a", "bb", "ccc"], 5)]
+    assert harness.rotation(["a", "bb", "ccc"], 4) != harness.rotation(["a", "bb", "ccc"], 0)
+
+
 def test_run_interleaved_times_the_forwards_inside_eager_calls_and_keeps_their_stats():
     """A call that runs one forward: the clock reads at the call's start, the forward's start and end, and the
     call's end, so the call lasts 3 ticks of which the forward is 1. The call's DecodeStats are kept in order."""

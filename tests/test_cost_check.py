@@ -71,9 +71,9 @@ def test_processes_each_measure_afresh_and_the_summary_names_each_ones_largest_e
 
     def change(result):
         result["processes"][0][2]["price error"] = -0.4
-    first_orders = stand_in_processes(first, "cost_check.json", change)
+    first_calls = stand_in_processes(first, "cost_check.json", change)
     pooled = run(tmp_path / "pooled", "--processes", "2")
-    assert first_orders == [0, 2]  # the second process's calls take the design's rows after the first's 2 calls
+    assert first_calls == [0, 2]  # the second process's calls come after the first's 2: their own prompts, seeds and rows of the design
     assert pooled["processes"][0] == first["processes"][0] and pooled["processes"][1][2]["price error"] == -0.4
     summary = (tmp_path / "pooled" / "out" / "cost_check.md").read_text()
     assert "| 2 | -0.4 | 2 |" in summary
@@ -107,4 +107,4 @@ def test_a_fresh_process_parses_the_benchs_own_options_back_with_its_own_out_and
     child = parse(processes.fresh_process_argv(parent, tmp_path / "out" / "process-2", 2))
     calls = parent.calls
     assert vars(child) == {**vars(parent), "processes": 1, "out": str(tmp_path / "out" / "process-2"),
-                           "first_order": 2 * calls}
+                           "first_call": 2 * calls}

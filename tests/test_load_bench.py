@@ -79,9 +79,9 @@ def test_processes_pool_their_calls_each_paired_with_its_own_plain_loop(tmp_path
             calls = setting["calls"]["cost_optimal"]
             calls["seconds"] = [2 * seconds for seconds in calls["seconds"]]
         result["verdicts"] = [{**v, "cost_optimal / best": "0.500 [0.4, 0.6]"} for v in result["verdicts"]]
-    first_orders = stand_in_processes(first, "load_bench.json", change)
+    first_calls = stand_in_processes(first, "load_bench.json", change)
     pooled = run(tmp_path / "pooled", "--processes", "2")
-    assert first_orders == [0, 2]  # the second process's calls take the design's rows after the first's 2 calls
+    assert first_calls == [0, 2]  # the second process's calls come after the first's 2: their own prompts, seeds and rows of the design
     for setting, alone in zip(pooled["calls"], first["calls"]):
         plain, chosen = setting["calls"]["plain"], setting["calls"]["cost_optimal"]
         assert plain["tokens"] == alone["calls"]["plain"]["tokens"] * 2 and len(chosen["seconds"]) == 4
@@ -91,6 +91,12 @@ def test_processes_pool_their_calls_each_paired_with_its_own_plain_loop(tmp_path
         assert chosen["steps_by_k"] == [2 * n for n in alone["calls"]["cost_optimal"]["steps_by_k"]]
     for verdict, alone in zip(pooled["verdicts"], first["verdicts"]):
         assert verdict["each process"] == f"{alone['cost_optimal / best'].split(' ')[0]}, 0.500"
+
+
+def test_call_batches_from_a_first_call_take_the_prompts_after_the_last_calls_cycled():
+    prompts = [[p] for p in range(5)]
+    assert load_bench.call_batches(prompts, 2, 2) == [[[0], [1]], [[2], [3]]]
+    assert load_bench.call_batches(prompts, 2, 2, first_call=2) == [[[4], [0]], [[1], [2]]]
 
 
 @pytest.mark.slow

@@ -183,13 +183,14 @@ def warmup_batches(method: Method, batches: list) -> list:
 
 
 def run_interleaved(methods: dict, batches: list, clock: Clock, timed_models: tuple = (),
-                    first_order: int = 0) -> dict:
-    """Run every method on every batch, the order changing per batch (``rotation``, batch i in order row
-    ``first_order`` + i), after a warm-up (``warmup_batches``), so no compilation falls in the timed calls
-    (``compilations_while_timed`` counts any that still do). The forwards of ``timed_models`` are timed inside eager
-    methods' calls, for their overhead; elsewhere it is NaN."""
+                    first_call: int = 0) -> dict:
+    """Run every method on every batch, the order changing per batch (``rotation``), after a warm-up
+    (``warmup_batches``), so no compilation falls in the timed calls (``compilations_while_timed`` counts any that
+    still do). The batches are calls ``first_call``, ``first_call`` + 1, ...: call i runs with seed i, in the order's
+    row i. The forwards of ``timed_models`` are timed inside eager methods' calls, for their overhead; elsewhere it is
+    NaN."""
     tallies = {name: warm_up_method(method, batches, clock) for name, method in methods.items()}
-    return time_interleaved(methods, batches, clock, tallies, timed_models, first_order)
+    return time_interleaved(methods, batches, clock, tallies, timed_models, first_call)
 
 
 def warm_up_method(method: Method, batches: list, clock: Clock) -> Tally:
@@ -203,13 +204,13 @@ def warm_up_method(method: Method, batches: list, clock: Clock) -> Tally:
 
 
 def time_interleaved(methods: dict, batches: list, clock: Clock, tallies: dict, timed_models: tuple = (),
-                     first_order: int = 0) -> dict:
+                     first_call: int = 0) -> dict:
     """The timed part of ``run_interleaved``, for methods already warmed up (``tallies`` from ``warm_up_method``, one per
     method): every method on every batch, the order changing per batch."""
     compiled_before = compilations()
-    for index, batch in enumerate(batches):
-        for name in rotation(list(methods), first_order + index):
-            time_call(methods[name], batch, index, clock, timed_models, tallies[name])
+    for call, batch in enumerate(batches, start=first_call):
+        for name in rotation(list(methods), call):
+            time_call(methods[name], batch, call, clock, timed_models, tallies[name])
     for tally in tallies.values():
         tally.compilations_while_timed = compilations() - compiled_before
     return tallies

@@ -10,18 +10,32 @@ import subprocess
 import sys
 from pathlib import Path
 
+from experiments.common.harness import non_negative_int, positive_int
+
 
 def fresh_process_argv(args: argparse.Namespace, out: Path, index: int) -> list[str]:
     """A bench's options for the ``index``-th of its ``--processes``: its own options as parsed (lists joined by
-    commas; None left to the default), its own ``--out``, and ``--first-order`` after the last process's calls, so
-    that the pooled calls run the methods in the rows of one balanced design (``harness.rotation``). The bench's
-    options all take a value (no flags)."""
+    commas; None left to the default), its own ``--out``, and ``--first-call`` after the last process's calls: the
+    pooled calls are then distinct calls (their own prompts and seeds: at T > 0, the same seeds in every process drew
+    the same samples, and their luck was counted once per process) that run the methods in the rows of one balanced
+    design (``harness.rotation``). The bench's options all take a value (no flags)."""
     argv = []
     for key, value in vars(args).items():
-        if key in ("processes", "out", "first_order") or value is None:
+        if key in ("processes", "out", "first_call") or value is None:
             continue
         argv += [f"--{key.replace('_', '-')}", ",".join(map(str, value)) if isinstance(value, list) else str(value)]
-    return argv + ["--out", str(out), "--first-order", str(args.first_order + index * args.calls)]
+    return argv + ["--out", str(out), "--first-call", str(args.first_call + index * args.calls)]
+
+
+def add_process_options(parser: argparse.ArgumentParser) -> None:
+    """``--processes`` and ``--first-call``, as every bench that runs in fresh processes takes them."""
+    parser.add_argument("--processes", type=positive_int, default=1,
+                        help="fresh processes to run the bench in, one after another, their calls pooled")
+    parser.add_argument("--first-call", type=non_negative_int, default=0,
+                        help="the index of the first timed call: call i takes the prompts from i x batch size on "
+                             "(cycled), seed i and row i of the methods' balanced order "
+                             "(experiments.common.harness.rotation); --processes gives each process the calls after "
+                             "the last one's")
 
 
 def run_in_processes(module: str, args: argparse.Namespace, written: str) -> list[dict]:
