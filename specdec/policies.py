@@ -356,8 +356,7 @@ class CostOptimalLength(DraftLengthPolicy):
     def rates(self, acceptances: np.ndarray, rows: int) -> np.ndarray:
         """[k_max + 1] expected tokens per second of a step drafting k = 0..k_max, for rows generating at
         ``acceptances`` [R] while the forwards compute ``rows`` rows, the call's tail included."""
-        terms = self.rate_terms(self.power_sums(acceptances))
-        return self.rates_of_terms(terms, self.all_step_seconds(rows), self.all_step_seconds(1))
+        return self.rates_of_terms(self.rate_terms(self.power_sums(acceptances)), self.all_step_seconds(rows))
 
     def rate_terms(self, sums: np.ndarray) -> RateTerms:
         """What ``rates`` needs of the rows, from their acceptances' ``power_sums``: [k_max+1] each, the tokens a
@@ -368,20 +367,22 @@ class CostOptimalLength(DraftLengthPolicy):
         generating = sums[0]  # R
         firsts = sums[:self.k_max + 1]  # [k_max+1] S_0..S_k_max
         tokens = firsts.cumsum()  # [k_max+1] sum_r E(a_r, k)
+        if generating <= 1:  # one row has no tail (z(1) = 0): its spread is never asked for
+            return RateTerms(tokens, np.zeros(self.k_max + 1))
         kept_squared = ((2 * self.positions - 1) * firsts).cumsum() + generating  # [k_max+1] sum_r E[J_r^2]
         squared_means = np.zeros(self.k_max + 1)  # [k_max+1] sum_r E[J_r]^2: S_{i+j} over the k x k block
         squared_means[1:] = sums[self.pair_orders].cumsum(0).cumsum(1).diagonal()
         variance = np.maximum(kept_squared - squared_means, 0) / generating  # [k_max+1] the mean row's Var J
         return RateTerms(tokens, np.sqrt(variance * generating / tokens))
 
-    def rates_of_terms(self, terms: RateTerms, seconds: np.ndarray, last_row_seconds: np.ndarray) -> np.ndarray:
+    def rates_of_terms(self, terms: RateTerms, seconds: np.ndarray) -> np.ndarray:
         """``rates`` from the rows' ``rate_terms`` and the steps' ``all_step_seconds`` at the rows the forwards
-        compute (``seconds``) and at one row (``last_row_seconds``, the tail's)."""
-        if math.isinf(self.remaining):  # the call's length unknown: no tail
+        compute (``seconds``); the tail's steps at one row."""
+        if math.isinf(self.remaining) or terms.tokens[0] <= 1:  # the call's length unknown, or one row: no tail
             return terms.tokens / seconds
         root = math.sqrt(self.remaining)
         tail = self.contenders_factor(terms.deviation * root, round(terms.tokens[0])) * terms.deviation / root
-        return terms.tokens / (seconds + tail * last_row_seconds)  # [k_max+1]
+        return terms.tokens / (seconds + tail * self.all_step_seconds(1))  # [k_max+1]
 
     def contenders_factor(self, reach: np.ndarray, generating: int) -> np.ndarray:
         """[k_max+1] z(n_k): the expected largest of the standard normals of the n_k rows that can still finish last
@@ -402,28 +403,29 @@ class CostOptimalLength(DraftLengthPolicy):
         return self.tail_table
 
     def best_k(self, acceptances: np.ndarray, rows: int) -> int:
-        """``best_of_terms`` of the rows' running ``acceptances`` [R]."""
+        """``best_of_terms`` of the rows' running ``acceptances`` [R] at ``rows`` rows fed."""
         sums = self.power_sums(acceptances)
         steady = sums[0] * self.acceptance ** self.orders  # [2 k_max+1] as many rows at the batch's acceptance
-        return self.best_of_terms(self.rate_terms(sums), lambda: self.rate_terms(steady), rows)
+        return self.best_of_terms(self.rate_terms(sums), lambda: self.rate_terms(steady), self.all_step_seconds(rows))
 
-    def best_of_terms(self, terms: RateTerms, steady: Callable[[], RateTerms], rows: int) -> int:
-        """The k >= 1 of the highest rate at the rows' running acceptances (their ``rate_terms``), the smallest
-        within a relative 1e-9 of it; 0 where that does not beat k = 0's rate by ``margin`` at those acceptances nor
-        at the batch's ``steady`` one (computed only then). A plain step observes no acceptance, so a row's
-        estimate that a few rejections pulled down would otherwise stay down until ``explore_every``: whether to
-        draft at all is the batch's long-run question (the load's), how far to draft the rows' current one."""
-        seconds, last_row_seconds = self.all_step_seconds(rows), self.all_step_seconds(1)  # [k_max+1] each
-        rates = self.rates_of_terms(terms, seconds, last_row_seconds)
+    def best_of_terms(self, terms: RateTerms, steady: Callable[[], RateTerms], seconds: np.ndarray) -> int:
+        """The k >= 1 of the highest rate at the rows' running acceptances (their ``rate_terms``; ``seconds``: the
+        steps' ``all_step_seconds`` at the rows fed), the smallest within a relative 1e-9 of it; 0 where that does
+        not beat k = 0's rate by ``margin`` at those acceptances nor at the batch's ``steady`` one (computed only
+        then). A plain step observes no acceptance, so a row's estimate that a few rejections pulled down would
+        otherwise stay down until ``explore_every``: whether to draft at all is the batch's long-run question (the
+        load's), how far to draft the rows' current one."""
+        rates = self.rates_of_terms(terms, seconds)
         drafting = rates[1:]
         k = int(np.argmax(drafting >= drafting.max() * (1 - TIE_TOLERANCE))) + 1  # the first of the best
         if rates[k] > rates[0] * (1 + self.margin):
             return k
-        steady_rates = self.rates_of_terms(steady(), seconds, last_row_seconds)
+        steady_rates = self.rates_of_terms(steady(), seconds)
         return k if steady_rates[1:].max() > steady_rates[0] * (1 + self.margin) else 0
 
     def next_k(self) -> int:
         self.ensure_costs(self.rows_fed)
+        seconds = self.all_step_seconds(self.rows_fed)  # [k_max+1] the model's step of each k, at the rows fed
         explore_now = not self.first_step and self.plain_steps + 1 >= self.explore_interval  # keeps a, costs measured
         self.exploring = explore_now or self.explore_again
         if self.exploring:
@@ -435,10 +437,10 @@ class CostOptimalLength(DraftLengthPolicy):
         elif self.plain_observed < PLAIN_SAMPLES and not self.first_step:  # a plain step's overhead, measured once
             k = 0
         else:
-            k = self.best_of_terms(self.row_rate_terms(), self.steady_rate_terms, self.rows_fed)
+            k = self.best_of_terms(self.row_rate_terms(), self.steady_rate_terms, seconds)
         self.plain_steps = 0 if k else self.plain_steps + 1
         self.chosen_k.append(k)
-        self.pending_model = self.step_seconds(k, self.rows_fed)
+        self.pending_model = float(seconds[k])
         self.step_started = time.perf_counter()
         return k
 
@@ -466,18 +468,19 @@ class CostOptimalLength(DraftLengthPolicy):
                 self.learn_exploring_cost(wall, float(kept[kept >= 0].mean()) if outcome.k else 0.0, rows)
         self.first_step = False
         if outcome.k:
-            self.learn_acceptance(np.maximum(kept, 0), kept >= 0, outcome.k)
+            self.learn_acceptance(kept, outcome.k)
         left = np.array(host.remaining)  # [B'] tokens each row may still emit
         generating = left > 0  # [B'] rows that generate in the next step
-        self.rows_left = left[generating]  # [R]
-        if self.generating is None or generating.sum() != self.generating.sum():
+        rows_left = left[generating]  # [R]
+        if self.rows_left is None or rows_left.shape != self.rows_left.shape:
             self.row_terms = self.steady_terms = None
-        self.rows_fed, self.generating = rows, generating
+        self.rows_fed, self.generating, self.rows_left = rows, generating, rows_left
 
-    def learn_acceptance(self, accepted: np.ndarray, active: np.ndarray, k: int) -> None:
-        """Each generating row's successes (drafts kept) and trials (those and the rejection, where one came)."""
-        successes = accepted * active  # [B']
-        trials = successes + ((accepted < k) & active)  # [B']
+    def learn_acceptance(self, kept: np.ndarray, k: int) -> None:
+        """Each generating row's successes (drafts ``kept`` [B'] of k, -1 where the row did not generate) and trials
+        (those and the rejection, where one came)."""
+        successes = np.maximum(kept, 0)  # [B']
+        trials = successes + ((kept >= 0) & (kept < k))  # [B']
         if self.row_successes is None or self.row_successes.shape != successes.shape:
             self.row_successes, self.row_trials = np.zeros_like(successes), np.zeros_like(trials)
         self.row_successes = self.decay * self.row_successes + successes
