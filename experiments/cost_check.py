@@ -129,7 +129,7 @@ def check_room(k_max: int, max_new_tokens: int) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.processes > 1:
-        results = run_in_processes("experiments.cost_check", args, "cost_check.json")
+        results = run_in_processes("experiments.cost_check", args, "cost_check.json", args.calls)
         where, processes = results[0]["where"], [result["processes"][0] for result in results]
     else:
         where, table = check_here(args)

@@ -104,7 +104,7 @@ def test_a_fresh_process_parses_the_benchs_own_options_back_with_its_own_out_and
 
     parse = {"cost_check": cost_check.parse_args, "load_bench": load_bench.parse_args}[bench]
     parent = parse([*argv, "--processes", "3", "--out", str(tmp_path / "out")])
-    child = parse(processes.fresh_process_argv(parent, tmp_path / "out" / "process-2", 2))
+    child = parse(processes.fresh_process_argv(parent, tmp_path / "out" / "process-2", 2, parent.calls))
     calls = parent.calls
     assert vars(child) == {**vars(parent), "processes": 1, "out": str(tmp_path / "out" / "process-2"),
                            "first_call": 2 * calls}

@@ -15,8 +15,8 @@ from experiments.common.harness import Decoded, Method
 
 def run(tmp_path, *extra):
     out = tmp_path / "out"
-    load_bench.main(["--batch-sizes", "1,2", "--temperatures", "0", "--calls", "2", "--max-new-tokens", "6",
-                     "--ks", "1,2", "--out", str(out), *extra])
+    load_bench.main(["--batch-sizes", "1,2", "--temperatures", "0", "--calls", "2", "--min-rows", "1",
+                     "--max-new-tokens", "6", "--ks", "1,2", "--out", str(out), *extra])
     return json.loads((out / "load_bench.json").read_text())
 
 
@@ -91,6 +91,16 @@ def test_processes_pool_their_calls_each_paired_with_its_own_plain_loop(tmp_path
         assert chosen["steps_by_k"] == [2 * n for n in alone["calls"]["cost_optimal"]["steps_by_k"]]
     for verdict, alone in zip(pooled["verdicts"], first["verdicts"]):
         assert verdict["each process"] == f"{alone['cost_optimal / best'].split(' ')[0]}, 0.500"
+
+
+def test_small_batches_take_more_calls_until_they_decode_min_rows(tmp_path, stand_in_processes):
+    """--min-rows 4 with --calls 2: 4 calls at batch 1, 2 at batch 2; a second process starts after the most calls
+    any setting took, so no call of the first repeats."""
+    result = run(tmp_path, "--min-rows", "4")
+    assert [len(setting["calls"]["plain"]["seconds"]) for setting in result["calls"]] == [4, 2]
+    first_calls = stand_in_processes(result, "load_bench.json", lambda copy: None)
+    run(tmp_path / "pooled", "--min-rows", "4", "--processes", "2")
+    assert first_calls == [0, 4]
 
 
 def test_call_batches_from_a_first_call_take_the_prompts_after_the_last_calls_cycled():
