@@ -30,7 +30,7 @@ def test_every_policy_at_every_batch_size_with_a_verdict_on_the_fastest_fixed_k(
         assert rows["k=2"]["tokens/target call"] > 1.0  # the embedded pair's draft is accepted
         fixed = {name: rows[name]["speedup"] for name in ("plain", "k=1", "k=2")}
         verdict = next(v for v in result["verdicts"] if v["batch"] == batch)
-        assert verdict["best fixed"] == max(fixed, key=fixed.get)
+        assert fixed[verdict["best fixed"]] == max(fixed.values())  # the table's speedups are rounded: ties count
         assert verdict["cost_optimal"] == rows["cost_optimal"]["speedup"]
         steps = [int(n) for n in rows["cost_optimal"]["steps by k (0..)"].split(", ")]
         assert len(steps) == 9 and sum(steps) > 0  # k = 0..8 (its k_max), each step counted once per row
