@@ -16,10 +16,10 @@ from experiments.common.harness import non_negative_int, positive_int
 def fresh_process_argv(args: argparse.Namespace, out: Path, index: int, calls: int) -> list[str]:
     """A bench's options for the ``index``-th of its ``--processes`` (each timing up to ``calls`` calls per method
     and setting): its own options as parsed (lists joined by commas; None left to the default), its own ``--out``,
-    and ``--first-call`` after the last process's calls: the
-    pooled calls are then distinct calls (their own prompts and seeds: at T > 0, the same seeds in every process drew
-    the same samples, and their luck was counted once per process) that run the methods in the rows of one balanced
-    design (``harness.rotation``). The bench's options all take a value (no flags)."""
+    and ``--first-call`` after the last process's calls. The pooled calls are then distinct calls, with their own
+    prompts and seeds (at T > 0 the same seeds in every process drew the same samples, their luck counted once per
+    process), that run the methods in the rows of one balanced design (``harness.rotation``). The bench's options
+    all take a value (no flags)."""
     argv = []
     for key, value in vars(args).items():
         if key in ("processes", "out", "first_call") or value is None:
@@ -41,9 +41,9 @@ def add_process_options(parser: argparse.ArgumentParser) -> None:
 
 def run_in_processes(module: str, args: argparse.Namespace, written: str, calls: int) -> list[dict]:
     """``python -m module`` run afresh ``args.processes`` times, one after another (``<out>/process-<i>``, options
-    from ``fresh_process_argv``; ``calls``: the most timed calls a process makes per method and setting): the JSON each
-    wrote to ``written``, in order. On a CPU the forwards' costs differ
-    between processes, so one process is one draw of the machine."""
+    from ``fresh_process_argv``; ``calls``: the most timed calls a process makes per method and setting): the JSON
+    each wrote to ``written``, in order. On a CPU the forwards' costs differ between processes, so one process is one
+    draw of the machine."""
     results = []
     for index in range(args.processes):
         out = Path(args.out) / f"process-{index}"
