@@ -22,8 +22,10 @@ in some and 11 ms in others: docs/load.md), so one process is one draw of the ma
 bench in N fresh processes one after another (``<out>/process-<i>``) and pools their calls: each process decodes
 its own calls, the prompts and seeds after the last process's (``--first-call``; at T > 0 the same seeds in every
 process drew the same samples, and fixed k = 4's luck on the bench's 8 calls at batch 1, +5% on its mean, counted in
-every process), each paired with its own plain loop's; the tables are of all calls together, and the verdict lists
-each process's cost_optimal / best beside the pooled one.
+every process), each paired with its own plain loop's; the tables are of all calls together, their intervals from
+resampling the processes and then each drawn process's calls (over calls alone, two benches of the same policy put one
+cell at 0.957 [0.932, 0.983] and 1.038 [0.993, 1.083]), and the verdict lists each process's cost_optimal / best
+beside the pooled one.
 
     python -m experiments.load_bench --processes 3
 """
@@ -34,7 +36,7 @@ import argparse
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +110,7 @@ class Calls:
     emitted: int  # tokens the steps emitted, over target calls for tokens per target call
     target_calls: int
     steps_by_k: list[int]  # decode steps by the k they drafted, summed over rows and calls
+    process_of_call: list[int] = field(default_factory=list)  # [calls] where pooled (--processes); empty: one
 
     @classmethod
     def of(cls, tally) -> Calls:
@@ -120,8 +123,11 @@ class Calls:
         width = max(len(self.steps_by_k), len(other.steps_by_k))
         steps = [sum(steps[k] for steps in (self.steps_by_k, other.steps_by_k) if k < len(steps))
                  for k in range(width)]
+        first = max(self.process_of_call, default=0) + 1  # other's processes are numbered after these
+        processes = (self.process_of_call or [0] * len(self.tokens)) + [
+            first + process for process in other.process_of_call or [0] * len(other.tokens)]
         return Calls(self.tokens + other.tokens, self.seconds + other.seconds, self.emitted + other.emitted,
-                     self.target_calls + other.target_calls, steps)
+                     self.target_calls + other.target_calls, steps, processes)
 
     @property
     def tokens_per_s(self) -> float:
@@ -133,10 +139,13 @@ class Calls:
 
 
 def paired_speedup(calls: Calls, base: Calls) -> tuple[float, float, float]:
-    """Tokens/s of ``calls`` over ``base``'s on the same calls, with its 95% interval from resampling the calls."""
+    """Tokens/s of ``calls`` over ``base``'s on the same calls, with its 95% interval from resampling the calls:
+    pooled from processes, the processes and then each drawn one's calls, so that the interval holds the spread
+    between processes, on a CPU the larger (each process draws its own forward costs: docs/load.md)."""
     values = np.array([calls.tokens, calls.seconds, base.tokens, base.seconds], dtype=float).T  # [calls, 4]
     point = (values[:, 0].sum() / values[:, 1].sum()) / (values[:, 2].sum() / values[:, 3].sum())
-    totals = bootstrap_totals(values)  # [samples, 4]
+    pooled = len(set(calls.process_of_call)) > 1
+    totals = bootstrap_totals(values, calls.process_of_call if pooled else None)  # [samples, 4]
     low, high = interval((totals[:, 0] / totals[:, 1]) / (totals[:, 2] / totals[:, 3]))
     return point, low, high
 

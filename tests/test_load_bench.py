@@ -93,6 +93,27 @@ def test_processes_pool_their_calls_each_paired_with_its_own_plain_loop(tmp_path
         assert verdict["each process"] == f"{alone['cost_optimal / best'].split(' ')[0]}, 0.500"
 
 
+def test_a_pooled_interval_resamples_the_processes_and_then_their_calls():
+    """Three processes whose calls agree within each but not between them (the policy 1.0x, 1.1x and 1.2x the plain
+    loop): resampled call by call the interval is narrow around 1.1; resampled by process first it reaches towards
+    the slowest and the fastest process, as a bench run again in other processes would."""
+    def process(ratio):
+        seconds = [1.0 + 0.01 * i for i in range(8)]  # [8 calls]
+        return (load_bench.Calls([64] * 8, seconds, 512, 512, [0, 8]),
+                load_bench.Calls([64] * 8, [s / ratio for s in seconds], 512, 256, [0, 0, 8]))
+
+    (base, policy), *others = [process(ratio) for ratio in (1.0, 1.1, 1.2)]
+    for other_base, other_policy in others:
+        base, policy = base.joined(other_base), policy.joined(other_policy)
+    assert policy.process_of_call == [0] * 8 + [1] * 8 + [2] * 8 and policy.steps_by_k == [0, 0, 24]
+    point, low, high = load_bench.paired_speedup(policy, base)
+    calls_only = load_bench.paired_speedup(load_bench.Calls(**{**vars(policy), "process_of_call": []}),
+                                           load_bench.Calls(**{**vars(base), "process_of_call": []}))
+    assert point == pytest.approx(calls_only[0]) and 1.09 < point < 1.11
+    assert calls_only[2] - calls_only[1] < 0.08
+    assert low < 1.04 and high > 1.16
+
+
 def test_small_batches_take_more_calls_until_they_decode_min_rows(tmp_path, stand_in_processes):
     """--min-rows 4 with --calls 2: 4 calls at batch 1, 2 at batch 2; a second process starts after the most calls
     any setting took, so no call of the first repeats."""
