@@ -144,8 +144,7 @@ def paired_speedup(calls: Calls, base: Calls) -> tuple[float, float, float]:
     between processes, on a CPU the larger (each process draws its own forward costs: docs/load.md)."""
     values = np.array([calls.tokens, calls.seconds, base.tokens, base.seconds], dtype=float).T  # [calls, 4]
     point = (values[:, 0].sum() / values[:, 1].sum()) / (values[:, 2].sum() / values[:, 3].sum())
-    pooled = len(set(calls.process_of_call)) > 1
-    totals = bootstrap_totals(values, calls.process_of_call if pooled else None)  # [samples, 4]
+    totals = bootstrap_totals(values, calls.process_of_call or None)  # [samples, 4]
     low, high = interval((totals[:, 0] / totals[:, 1]) / (totals[:, 2] / totals[:, 3]))
     return point, low, high
 
