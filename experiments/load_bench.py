@@ -238,7 +238,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ks", type=positive_ints, default="1,2,4", help="the fixed draft lengths beside the plain loop")
     parser.add_argument("--calls", type=positive_int, default=8,
                         help="timed calls per policy at each batch size (on a 2-core CPU one process of 8 calls at "
-                             "batch 16 reads the same steps up to 5%% from themselves; a verdict at 3%% needs 16: "
+                             "batch 16 reads the same steps up to 5%% from themselves; 16 narrow that: "
                              "docs/load.md)")
     parser.add_argument("--min-rows", type=positive_int, default=64,
                         help="rows each policy decodes at least, per setting: more calls at small batches (at T > 0 "
