@@ -195,9 +195,18 @@ def verdict(batch_size: int, temperature: float, calls: dict[str, Calls]) -> dic
     return {"batch": batch_size, "T": temperature, "best fixed": best, "its speedup": round(speedups[best], 3),
             "cost_optimal": round(chosen, 3), "cost_optimal / best": f"{vs_best:.3f} [{low:.3f}, {high:.3f}]",
             "cost_optimal / heuristic": round(vs_heuristic, 3),
-            "within 3% of best": "yes" if vs_best >= WITHIN_BEST else "no",
+            "within 3% of best": within_best(vs_best, low),
             f">= {FLOOR}x": "yes" if chosen >= FLOOR else "no",
             "above heuristic": ("yes" if vs_heuristic > 1 else "no") if batch_size >= 16 else "(batch < 16)"}
+
+
+def within_best(point: float, low: float) -> str:
+    """Whether cost_optimal / best meets issue 46's share (``WITHIN_BEST``): "yes" where its whole 95% interval does,
+    "by its estimate" where the point does and the interval reaches below, "no" where the point does not. The best
+    fixed k is the fastest of several noisy reads, so its point leans high and the share's low."""
+    if low >= WITHIN_BEST:
+        return "yes"
+    return "by its estimate" if point >= WITHIN_BEST else "no"
 
 
 def measure_here(args: argparse.Namespace) -> tuple[str, Iterator[dict]]:

@@ -114,6 +114,25 @@ def test_a_pooled_interval_resamples_the_processes_and_then_their_calls():
     assert low < 1.04 and high > 1.16
 
 
+
+@pytest.mark.parametrize("shares, expected", [
+    ([0.99] * 8, "yes"),  # every call at 0.99 of the best: the interval too
+    ([1.25, 0.8] * 4, "by its estimate"),  # 0.976 by the point, the calls at 0.8 and 1.25: the interval reaches below
+    ([0.9] * 8, "no"),
+])
+def test_within_three_percent_says_whether_the_interval_or_only_the_point_meets_it(shares, expected):
+    """The verdict's "within 3% of best": "yes" only where cost_optimal / best's whole interval is at or above 0.97;
+    a point above with an interval reaching below is "by its estimate"."""
+    seconds = [1.0 + 0.01 * i for i in range(8)]  # [8 calls]
+    base = load_bench.Calls([64] * 8, seconds, 512, 512, [0, 8])
+    best = load_bench.Calls([64] * 8, [s / 1.2 for s in seconds], 512, 256, [0, 0, 8])
+    chosen = load_bench.Calls([64] * 8, [s / 1.2 / share for s, share in zip(seconds, shares)], 512, 256, [0, 0, 8])
+    calls = {"plain": base, "k=2": best, "heuristic": base, "cost_optimal": chosen}
+    verdict = load_bench.verdict(16, 0.0, calls)
+    assert verdict["best fixed"] == "k=2"
+    assert verdict["within 3% of best"] == expected
+
+
 def test_small_batches_take_more_calls_until_they_decode_min_rows(tmp_path, stand_in_processes):
     """--min-rows 4 with --calls 2: 4 calls at batch 1, 2 at batch 2; a second process starts after the most calls
     any setting took, so no call of the first repeats."""
