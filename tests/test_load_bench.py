@@ -114,7 +114,6 @@ def test_a_pooled_interval_resamples_the_processes_and_then_their_calls():
     assert low < 1.04 and high > 1.16
 
 
-
 @pytest.mark.parametrize("shares, expected", [
     ([0.99] * 8, "yes"),  # every call at 0.99 of the best: the interval too
     ([1.25, 0.8] * 4, "by its estimate"),  # 0.976 by the point, the calls at 0.8 and 1.25: the interval reaches below
