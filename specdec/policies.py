@@ -12,6 +12,7 @@ Adaptive policies reset their state in ``start``, so every ``generate`` call beg
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -23,7 +24,7 @@ import torch
 import transformers
 
 from specdec.checks import check_draft_length, check_positive, check_probability
-from specdec.costs import CostModel, measure_costs
+from specdec.costs import CostModel, CostTable, measure_costs
 from specdec.interfaces import DraftLengthPolicy
 from specdec.types import StepOutcome
 
@@ -121,7 +122,9 @@ class ConfidenceLength(DraftLengthPolicy):
 
 TIE_TOLERANCE = 1e-9  # relative: predicted rates closer than this count as equal
 COST_DECAY = 0.8  # per-step forgetting factor of the online corrections to the cost model
-PLAIN_SAMPLES = 3  # plain steps a drafting policy takes once, so that a plain step's overhead is measured too
+CALIBRATED_K = 3  # the longest draft whose verification the calibration times in the loop: where a choice is close
+# (drafting barely pays, at batch 16 and more) it is among k = 0-3; longer drafts, chosen where drafting pays by far,
+# keep the table's shape scaled by the last calibrated width's correction
 EXPLORE_BUDGET = 0.005  # the share of the time the explorations may cost where drafting does not pay, as measured
 EXPLORE_MAX = 16  # ... and they come at least once in this many times explore_every plain steps
 
@@ -178,8 +181,19 @@ class CostOptimalLength(DraftLengthPolicy):
     seconds, and the loop's overhead per step as the step's wall time beyond its forwards, apart for plain and for
     drafting steps (a drafting step also runs the acceptance rule, sampling's included: at T = 1 and batch 16, one
     overhead for both made k = 1 look faster than the plain loop, which it was not), each an exponentially weighted
-    mean (``COST_DECAY`` per step) started at its first observation. So that both are measured, a policy that
-    drafts takes ``PLAIN_SAMPLES`` plain steps once, early in its first call. These corrections describe the machine,
+    mean (``COST_DECAY`` per step) started at its first observation.
+
+    The shape of the target's table, what a token more a row costs, is also measured in the loop, where a close choice
+    turns on it: at batch 16, T = 1, start-up tables priced the second token a row at 12-31% of the first in
+    different processes, the loop's own steps at 24-28% in each, and the policy drafted k = 1, 2, 3 or nothing as its
+    table had it (docs/load.md). The chosen steps cannot measure it: a width priced too high is never chosen, so
+    never corrected (per-width corrections from chosen steps, tried twice, followed that selection). So, from the
+    second step of its first call at a batch size, the policy takes ``calibration_rounds`` rounds of steps drafting
+    k = 0, 1, ..., min(k_max, ``CALIBRATED_K``), one of each per round, and replaces the table's shape at the rows
+    fed by the median over the rounds of each width's verification seconds over the plain step's of the same round
+    (paired, so that the machine's drifts cancel; ``calibrated``). Its plain steps measure a plain step's overhead
+    too. The calibration's steps emit tokens as any step does; they cost what their k loses against the best.
+    These corrections describe the machine,
     and the batch's acceptance the pair on its data: both carry across calls (the prior seeds the first), so a call
     does not start by drafting from the prior again; each call's rows start from the batch's acceptance.
 
@@ -213,6 +227,7 @@ class CostOptimalLength(DraftLengthPolicy):
         costs: CostModel | None = None,
         repeats: int = 3,
         explore_every: int = 16,
+        calibration_rounds: int = 16,
     ):
         self.k_max = check_draft_length("k_max", k_max)
         self.prior_acceptance = check_probability("prior_acceptance", prior_acceptance)
@@ -224,12 +239,13 @@ class CostOptimalLength(DraftLengthPolicy):
             raise TypeError(f"costs must be a specdec.costs.CostModel or None (measured), got {type(costs).__name__}")
         self.repeats = check_draft_length("repeats", repeats)
         self.explore_every = check_draft_length("explore_every", explore_every)
+        self.calibration_rounds = check_draft_length("calibration_rounds", calibration_rounds)
         self.costs = costs
         self.measure: Callable[[int], CostModel] | None = None  # set by ``bind``: times the models at a batch size
         self.target_scale = self.draft_scale = 1.0  # measured / modelled seconds of each model's forwards
         self.overheads: list[float | None] = [None, None]  # the loop's seconds per step beyond its forwards:
         # [plain step, drafting step], None until a step of the kind is observed
-        self.plain_observed = 0  # plain decode steps whose timings were learned from
+        self.schedule_calibration()
         self.explore_interval = explore_every  # plain steps in a row before one drafts to explore
         self.plain_steps = 0  # plain decode steps chosen in a row, across calls: at batch 1 a call of 64 tokens is
         # 64 steps, and counted per call, an interval backed off past it never came, and a policy that had
@@ -263,6 +279,15 @@ class CostOptimalLength(DraftLengthPolicy):
             return measure_costs(target, draft, batch_size, k_max, repeats, forward)
 
         self.measure = measure  # a closure: a deep copy of the policy shares it, never copying the models
+
+    def schedule_calibration(self) -> None:
+        """Take the calibration's steps from the next step after a call's first on, and forget any earlier one's."""
+        self.calibration = list(range(min(self.k_max, CALIBRATED_K) + 1)) * self.calibration_rounds  # ks still to
+        # draft, in order: rounds of k = 0..K
+        self.calibration_seconds: list[float] = []  # the target's seconds in each calibration step taken, NaN where
+        # not timed, the loop drafted another k (it shortens drafts near the end), or the rows fed were other than
+        self.calibration_rows = 0  # ... the first calibration step's: the rows whose table it corrects
+        self.calibrating: int | None = None  # the k of the calibration step asked for; None: not calibrating
 
     def start(self) -> None:
         self.row_successes = self.row_trials = None  # [B'] per row, from the call's first step on
@@ -426,16 +451,17 @@ class CostOptimalLength(DraftLengthPolicy):
     def next_k(self) -> int:
         self.ensure_costs(self.rows_fed)
         seconds = self.all_step_seconds(self.rows_fed)  # [k_max+1] the model's step of each k, at the rows fed
+        self.calibrating = self.calibration.pop(0) if self.calibration and not self.first_step else None
         explore_now = not self.first_step and self.plain_steps + 1 >= self.explore_interval  # keeps a, costs measured
-        self.exploring = explore_now or self.explore_again
-        if self.exploring:
+        self.exploring = self.calibrating is None and (explore_now or self.explore_again)
+        if self.calibrating is not None:
+            k = self.calibrating
+        elif self.exploring:
             # Two drafting steps: the first's draft forward catches up on the plain steps' tokens and teaches no
             # draft cost; the second's does (with one, a draft cost once overestimated was never learned back, and
             # a batch-1 run decoded a third of its steps plain).
             k = 1
             self.explore_again = explore_now
-        elif self.plain_observed < PLAIN_SAMPLES and not self.first_step:  # a plain step's overhead, measured once
-            k = 0
         else:
             k = self.best_of_terms(self.row_rate_terms(), self.steady_rate_terms, seconds)
         self.plain_steps = 0 if k else self.plain_steps + 1
@@ -452,6 +478,7 @@ class CostOptimalLength(DraftLengthPolicy):
             raise ValueError("CostOptimalLength has no costs: give costs=specdec.costs.CostModel(...), or run it in a "
                              "specdec.Decoder, which shows it the models to measure")
         self.costs = self.measure(rows)
+        self.schedule_calibration()
 
     def observe(self, outcome: StepOutcome) -> None:
         if self.costs is None:  # never asked for a k (a loop that does not speculate): nothing to learn
@@ -506,9 +533,12 @@ class CostOptimalLength(DraftLengthPolicy):
         self.modelled.append(self.pending_model)
         self.measured.append(wall)
         forwards = outcome.draft_seconds + outcome.target_seconds
-        if math.isfinite(outcome.target_seconds) and outcome.target_seconds > 0:
+        timed = math.isfinite(outcome.target_seconds) and outcome.target_seconds > 0
+        if timed:
             observed = outcome.target_seconds / self.table_seconds(rows)[0][k]
             self.target_scale = COST_DECAY * self.target_scale + (1 - COST_DECAY) * observed
+        if self.calibrating is not None:
+            self.record_calibration(outcome.target_seconds if timed and k == self.calibrating else math.nan, rows)
         # After a plain step the draft's first forward also catches up on the tokens the plain steps emitted (or on
         # the prompt): a cost of switching, not of drafting k (learned from it, one exploring step at batch 16 made
         # every drafted token look 2.4x its price, and the policy stopped drafting where k = 2 paid 14%).
@@ -525,7 +555,16 @@ class CostOptimalLength(DraftLengthPolicy):
         overhead, kind = max(wall - forwards, 0.0), int(k > 0)
         known = self.overheads[kind]
         self.overheads[kind] = overhead if known is None else COST_DECAY * known + (1 - COST_DECAY) * overhead
-        self.plain_observed += k == 0
+
+    def record_calibration(self, seconds: float, rows: int) -> None:
+        """Keep a calibration step's target ``seconds`` at ``rows`` rows fed; after the last step, correct the
+        table."""
+        if not self.calibration_seconds:
+            self.calibration_rows = rows
+        self.calibration_seconds.append(seconds if rows == self.calibration_rows else math.nan)
+        if not self.calibration:
+            rounds = np.array(self.calibration_seconds).reshape(self.calibration_rounds, -1)  # [rounds, K + 1]
+            self.costs = calibrated(self.costs, self.calibration_rows, rounds)
 
     def select_rows(self, index: torch.Tensor) -> None:
         index = index.cpu().numpy()
@@ -538,6 +577,31 @@ class CostOptimalLength(DraftLengthPolicy):
         if not self.measured:
             return None
         return statistics.fmean(self.modelled), statistics.fmean(self.measured)
+
+
+def calibrated(costs: CostModel, rows: int, seconds: np.ndarray) -> CostModel:
+    """``costs`` with the target's shape at ``rows`` rows the loop's: ``seconds`` [rounds, K + 1] holds the target's
+    seconds verifying k = 0..K drafts (k + 1 tokens a row) in each round of the calibration, NaN where not timed.
+    Width k + 1 costs the table's width 1 times the median over the rounds of its seconds over the same round's
+    width 1; the widths beyond K + 1 keep the table's shape, scaled by the widest calibrated width's correction. The
+    level, width 1, stays the table's: the policy's ``target_scale`` corrects it from every step."""
+    prices = seconds[:, 1:] / seconds[:, :1]  # [rounds, K] width k + 1 over width 1, paired per round
+    table = costs.target
+    calibrated_widths = range(2, prices.shape[1] + 2)
+    widths = sorted({n for row in table.seconds.values() for n in row} | {1, *calibrated_widths})
+    before = {n: table.at(rows, n) for n in widths}
+    after, factor = dict(before), 1.0
+    for n in widths:
+        if n in calibrated_widths:
+            timed = prices[:, n - 2][np.isfinite(prices[:, n - 2])]  # [rounds timed]
+            if timed.size and before[n] > 0:
+                after[n] = before[1] * float(np.median(timed))
+                factor = after[n] / before[n]
+        elif n > calibrated_widths.stop - 1:
+            after[n] = before[n] * factor
+    if after == before:
+        return costs
+    return dataclasses.replace(costs, target=CostTable({**table.seconds, rows: after}))
 
 
 def tail_factor(rows: int) -> float:

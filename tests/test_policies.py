@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -288,7 +289,7 @@ def test_cost_optimal_estimates_acceptance_per_row_and_follows_rows_that_leave()
 def test_cost_optimal_learns_the_machine_from_step_timings():
     """Steps whose verification takes twice the model's seconds double the target's correction over the steps."""
     costs = costs_growing(per_token=0.0, fixed=1.0, draft=0.1)
-    policy = CostOptimalLength(k_max=4, costs=costs)
+    policy = CostOptimalLength(k_max=4, costs=costs, calibration_rounds=1)
     for _ in range(40):
         k = policy.next_k()
         policy.observe(outcome(k, [k], draft_seconds=0.2 * k, target_seconds=2.0))
@@ -315,12 +316,12 @@ def test_cost_optimal_explores_as_rarely_as_its_measured_cost_asks_and_often_aga
     clock = [0.0]
     monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     policy = CostOptimalLength(k_max=4, prior_acceptance=0.05, costs=costs_growing(per_token=0.5, fixed=10.0),
-                               explore_every=5)
+                               explore_every=5, calibration_rounds=1)
     ks = [step_on_clock(policy, clock, [0, 0]) for _ in range(60)]
     explored = [step + 1 for step, k in enumerate(ks) if k]  # the steps that drafted, counted from 1
-    # after 4 plain steps (the first call's first step is a plain one: the prior acceptance is poor), then after 39
+    # the calibration's round (k = 0..3) from the second step; after 4 plain steps; then after 39
     assert policies.EXPLORE_BUDGET == 0.005
-    assert explored == [5, 6, 46, 47] and policy.explore_interval == 40
+    assert explored == [3, 4, 5, 10, 11, 51, 52] and policy.explore_interval == 40
     policy.costs = costs_growing(per_token=0.0, fixed=10.0, draft=0.0)
     ks = [step_on_clock(policy, clock, [0, 0]) for _ in range(40)]
     assert policy.explore_interval == 5 and 0 < ks.count(1) <= 16 and not any(k > 1 for k in ks)
@@ -358,11 +359,83 @@ def test_cost_optimal_start_forgets_the_rows_and_keeps_the_machine_and_the_batch
 
 def test_cost_optimal_validates_its_settings():
     for kwargs in ({"k_max": 0}, {"prior_acceptance": 1.5}, {"decay": 1.0}, {"batch_decay": 1.0}, {"prior_weight": 0}, {"margin": -0.1},
-                   {"margin": float("inf")}, {"repeats": 0}, {"explore_every": 0}):
+                   {"margin": float("inf")}, {"repeats": 0}, {"explore_every": 0}, {"calibration_rounds": 0}):
         with pytest.raises(ValueError):
             CostOptimalLength(**kwargs)
     with pytest.raises(TypeError, match="CostModel"):
         CostOptimalLength(costs={"target": 1.0})
+
+
+def steep_table_and_cheap_loop() -> tuple[CostModel, Callable[[int], float]]:
+    """A table whose every token more a row costs 12 s over a plain forward's 10 s (drafting never pays, even where
+    every draft is kept), at 1 and 2 rows, and a loop whose target costs 1 s a token more (drafting pays): the
+    target's seconds by width."""
+    table = CostTable({b: {n: 10.0 + 12.0 * (n - 1) for n in range(1, 7)} for b in (1, 2)})
+    return CostModel(table, CostTable({b: {1: 0.1, 2: 0.1} for b in (1, 2)})), lambda width: 10.0 + (width - 1)
+
+
+def test_cost_optimal_calibrates_its_tables_shape_in_the_loop_and_chooses_by_the_loops_prices(monkeypatch):
+    """From the call's second step, rounds of k = 0..3 whose verification seconds, paired with the round's plain
+    step, replace the table's shape at the rows fed: the widths calibrated cost what the loop measured, the wider
+    keep the table's shape scaled by the widest calibrated one's correction, and other rows keep the table. A table
+    alone had the policy decode plain; calibrated, it drafts. Where the loop costs what the table says, it still
+    decodes plain."""
+    clock = [0.0]
+    monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    for loop_as_table in (False, True):
+        costs, loop = steep_table_and_cheap_loop()
+        seconds = (lambda width: costs.target.at(2, width)) if loop_as_table else loop
+        policy = CostOptimalLength(k_max=5, prior_acceptance=0.9, costs=costs, calibration_rounds=3)
+        ks = []
+        for _ in range(40):
+            k = policy.next_k()
+            clock[0] += seconds(k + 1) + 0.1 * k
+            policy.observe(outcome(k, [k, k], draft_seconds=0.1 * k, target_seconds=seconds(k + 1)))
+            ks.append(k)
+        assert ks[0] == 0 and ks[1:13] == [0, 1, 2, 3] * 3  # the table alone: plain; then the calibration
+        verify = policy.table_seconds(2)[0]  # [k_max+1] the verification of k = 0..5 at 2 rows
+        if loop_as_table:
+            assert verify == pytest.approx([10.0 + 12.0 * k for k in range(6)]) and ks[13:28] == [0] * 15  # till it explores
+        else:
+            assert verify[:4] == pytest.approx([10.0, 11.0, 12.0, 13.0])
+            assert verify[4:] == pytest.approx([58.0 * 13 / 46, 70.0 * 13 / 46])
+            assert all(ks[13:]) and policy.table_seconds(1)[0][1] == 22.0
+
+
+def test_cost_optimal_calibration_pairs_each_round_and_counts_only_the_rows_and_ks_it_asked_for(monkeypatch):
+    """A round whose plain step was disturbed (3x) is outvoted by the median; the steps of a round run after a row
+    left (1 row fed, not the 2 of the calibration's first step) and one whose draft the loop shortened count
+    nothing."""
+    clock = [0.0]
+    monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    costs, loop = steep_table_and_cheap_loop()
+    policy = CostOptimalLength(k_max=3, prior_acceptance=0.9, costs=costs, calibration_rounds=5)
+    policy.next_k()
+    policy.observe(outcome(0, [0, 0]))
+    for round_ in range(5):
+        for k in range(4):
+            assert policy.next_k() == k
+            fed, taken = 1 if round_ == 2 else 2, k
+            if round_ == 1 and k == 0:
+                seconds = 3 * loop(1)
+            elif round_ == 3 and k == 3:  # the loop drafted 2 near the end of the call
+                taken, seconds = 2, 100.0
+            else:
+                seconds = (9.0 if fed == 1 else 1.0) * loop(k + 1)
+            clock[0] += seconds
+            policy.observe(outcome(taken, [taken] * fed, target_seconds=seconds))
+    assert policy.table_seconds(2)[0] == pytest.approx([10.0, 11.0, 12.0, 13.0])
+
+
+def test_cost_optimal_calibrates_again_at_a_batch_it_measures_anew():
+    costs, _ = steep_table_and_cheap_loop()
+    policy = CostOptimalLength(k_max=2, costs=costs, calibration_rounds=2)
+    policy.measure = lambda rows: CostModel(CostTable({b: {n: 10.0 * n for n in range(1, 4)} for b in (1, 4)}))
+    policy.next_k()
+    policy.observe(outcome(0, [0, 0]))
+    assert [policy.next_k() for _ in range(3)] == [0, 1, 2] and len(policy.calibration) == 3
+    policy.rows_fed = 4  # a call at a larger batch
+    assert policy.next_k() == 0 and max(policy.costs.target.seconds) == 4 and len(policy.calibration) == 5
 
 
 def test_cost_optimal_at_batch_one_keeps_drafting_through_a_run_of_rejections():
@@ -387,12 +460,12 @@ def test_cost_optimal_at_batch_one_keeps_drafting_through_a_run_of_rejections():
 
 def test_cost_optimal_learns_a_plain_and_a_drafting_steps_overhead_apart(monkeypatch):
     """A drafting step also runs the acceptance rule: its overhead beyond the forwards is its own. The policy takes
-    a few plain steps early (after the call's first), so that both kinds are measured, and models each step with
-    its own kind's overhead."""
+    plain steps early (its calibration's, after the call's first), so that both kinds are measured, and models each
+    step with its own kind's overhead."""
     clock = [0.0]
     monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     costs = costs_growing(per_token=0.0, fixed=1.0, draft=0.1)
-    policy = CostOptimalLength(k_max=4, costs=costs)
+    policy = CostOptimalLength(k_max=4, costs=costs, calibration_rounds=2)
     chosen = []
     for _ in range(30):
         k = policy.next_k()
@@ -400,7 +473,7 @@ def test_cost_optimal_learns_a_plain_and_a_drafting_steps_overhead_apart(monkeyp
         draft, target = 0.1 * k, costs.verify(k, 1)
         clock[0] += draft + target + (0.6 if k else 0.01)
         policy.observe(outcome(k, [k], draft_seconds=draft, target_seconds=target))
-    assert chosen[1:1 + policies.PLAIN_SAMPLES] == [0] * policies.PLAIN_SAMPLES and all(chosen[4:])
+    assert chosen[1:9] == [0, 1, 2, 3] * 2 and all(chosen[9:])
     assert policy.overheads == [pytest.approx(0.01), pytest.approx(0.6)]
     assert policy.step_seconds(0, 1) == pytest.approx(1.01) and policy.step_seconds(2, 1) == pytest.approx(1.8)
 
