@@ -123,8 +123,8 @@ class ConfidenceLength(DraftLengthPolicy):
 TIE_TOLERANCE = 1e-9  # relative: predicted rates closer than this count as equal
 COST_DECAY = 0.8  # per-step forgetting factor of the online corrections to the cost model
 CALIBRATED_K = 3  # the longest draft whose verification the calibration times in the loop: where a choice is close
-# (drafting barely pays, at batch 16 and more) it is among k = 0-3; longer drafts, chosen where drafting pays by far,
-# keep the table's shape scaled by the last calibrated width's correction
+# (drafting barely pays, at batch 16 and more) it is among k = 0-3; longer drafts are priced on from k = 3 at the
+# calibrated price of a token more (``calibrated``)
 EXPLORE_BUDGET = 0.005  # the share of the time the explorations may cost where drafting does not pay, as measured
 EXPLORE_MAX = 16  # ... and they come at least once in this many times explore_every plain steps
 
@@ -185,13 +185,14 @@ class CostOptimalLength(DraftLengthPolicy):
 
     The shape of the target's table, what a token more a row costs, is also measured in the loop, where a close choice
     turns on it: at batch 16, T = 1, start-up tables priced the second token a row at 12-31% of the first in
-    different processes, the loop's own steps at 24-28% in each, and the policy drafted k = 1, 2, 3 or nothing as its
+    different processes, the loop's own steps at 23-28% in each, and the policy drafted k = 1, 2, 3 or nothing as its
     table had it (docs/load.md). The chosen steps cannot measure it: a width priced too high is never chosen, so
     never corrected (per-width corrections from chosen steps, tried twice, followed that selection). So, from the
     second step of its first call at a batch size, the policy takes ``calibration_rounds`` rounds of steps drafting
     k = 0, 1, ..., min(k_max, ``CALIBRATED_K``), one of each per round, and replaces the table's shape at the rows
     fed by the median over the rounds of each width's verification seconds over the plain step's of the same round
-    (paired, so that the machine's drifts cancel; ``calibrated``). Its plain steps measure a plain step's overhead
+    (paired, so that the machine's drifts cancel), wider drafts priced on at its price of a token more
+    (``calibrated``). Its plain steps measure a plain step's overhead
     too. The calibration's steps emit tokens as any step does; they cost what their k loses against the best.
     These corrections describe the machine,
     and the batch's acceptance the pair on its data: both carry across calls (the prior seeds the first), so a call
@@ -583,24 +584,22 @@ def calibrated(costs: CostModel, rows: int, seconds: np.ndarray) -> CostModel:
     """``costs`` with the target's shape at ``rows`` rows the loop's: ``seconds`` [rounds, K + 1] holds the target's
     seconds verifying k = 0..K drafts (k + 1 tokens a row) in each round of the calibration, NaN where not timed.
     Width k + 1 costs the table's width 1 times the median over the rounds of its seconds over the same round's
-    width 1; the widths beyond K + 1 keep the table's shape, scaled by the widest calibrated width's correction. The
-    level, width 1, stays the table's: the policy's ``target_scale`` corrects it from every step."""
+    width 1; wider ones continue from width K + 1 at the calibrated widths' mean price of a token more a row (the
+    table's own widths beyond carry its per-width errors: scaled by width K + 1's correction, they made 5 tokens a
+    row look cheap beside 4 at batch 16, greedy, and the policy drafted k = 4-6 where k = 2 was best). The level,
+    width 1, stays the table's: the policy's ``target_scale`` corrects it from every step. Unchanged where a width
+    was never timed at those rows."""
     prices = seconds[:, 1:] / seconds[:, :1]  # [rounds, K] width k + 1 over width 1, paired per round
-    table = costs.target
-    calibrated_widths = range(2, prices.shape[1] + 2)
-    widths = sorted({n for row in table.seconds.values() for n in row} | {1, *calibrated_widths})
-    before = {n: table.at(rows, n) for n in widths}
-    after, factor = dict(before), 1.0
-    for n in widths:
-        if n in calibrated_widths:
-            timed = prices[:, n - 2][np.isfinite(prices[:, n - 2])]  # [rounds timed]
-            if timed.size and before[n] > 0:
-                after[n] = before[1] * float(np.median(timed))
-                factor = after[n] / before[n]
-        elif n > calibrated_widths.stop - 1:
-            after[n] = before[n] * factor
-    if after == before:
+    timed = np.isfinite(prices)  # [rounds, K]
+    if not timed.any(0).all():
         return costs
+    medians = [float(np.median(prices[timed[:, j], j])) for j in range(prices.shape[1])]  # [K]
+    table, widest = costs.target, prices.shape[1] + 1
+    one = table.at(rows, 1)
+    per_token = one * (medians[-1] - 1) / (widest - 1)  # seconds of a token more a row, from width 1 to K + 1
+    after = {1: one, **{n: one * price for n, price in enumerate(medians, 2)}}
+    beyond = {n for row in table.seconds.values() for n in row if n > widest}
+    after.update({n: after[widest] + (n - widest) * per_token for n in beyond})
     return dataclasses.replace(costs, target=CostTable({**table.seconds, rows: after}))
 
 

@@ -377,7 +377,7 @@ def steep_table_and_cheap_loop() -> tuple[CostModel, Callable[[int], float]]:
 def test_cost_optimal_calibrates_its_tables_shape_in_the_loop_and_chooses_by_the_loops_prices(monkeypatch):
     """From the call's second step, rounds of k = 0..3 whose verification seconds, paired with the round's plain
     step, replace the table's shape at the rows fed: the widths calibrated cost what the loop measured, the wider
-    keep the table's shape scaled by the widest calibrated one's correction, and other rows keep the table. A table
+    go on at its price of a token more, and other rows keep the table. A table
     alone had the policy decode plain; calibrated, it drafts. Where the loop costs what the table says, it still
     decodes plain."""
     clock = [0.0]
@@ -398,7 +398,7 @@ def test_cost_optimal_calibrates_its_tables_shape_in_the_loop_and_chooses_by_the
             assert verify == pytest.approx([10.0 + 12.0 * k for k in range(6)]) and ks[13:28] == [0] * 15  # till it explores
         else:
             assert verify[:4] == pytest.approx([10.0, 11.0, 12.0, 13.0])
-            assert verify[4:] == pytest.approx([58.0 * 13 / 46, 70.0 * 13 / 46])
+            assert verify[4:] == pytest.approx([14.0, 15.0])  # on at the calibrated 1 s a token
             assert all(ks[13:]) and policy.table_seconds(1)[0][1] == 22.0
 
 
@@ -425,6 +425,9 @@ def test_cost_optimal_calibration_pairs_each_round_and_counts_only_the_rows_and_
             clock[0] += seconds
             policy.observe(outcome(taken, [taken] * fed, target_seconds=seconds))
     assert policy.table_seconds(2)[0] == pytest.approx([10.0, 11.0, 12.0, 13.0])
+    untimed = np.full((2, 4), np.nan)
+    untimed[:, :3] = [10.0, 11.0, 12.0]  # width 4 never timed at these rows: the table stays as measured
+    assert policies.calibrated(costs, 2, untimed) is costs
 
 
 def test_cost_optimal_calibrates_again_at_a_batch_it_measures_anew():
