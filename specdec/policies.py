@@ -122,11 +122,9 @@ class ConfidenceLength(DraftLengthPolicy):
 
 TIE_TOLERANCE = 1e-9  # relative: predicted rates closer than this count as equal
 COST_DECAY = 0.8  # per-step forgetting factor of the online corrections to the cost model
-CALIBRATED_K = 3  # the calibration times the verification of drafts up to this k, or up to one past the k the policy
-# would choose as it starts, where that is more: where a choice is close (drafting barely pays, at batch 16 and more)
-# it is among k = 0-3; at one row it is among the long drafts, where the table's widths dip (a 5-token forward cheaper
-# than a 4-token one: fixed k = 4 1.33x, the policy calibrated to k = 3 alone 1.24x); longer drafts are priced on at
-# the calibrated price of a token more (``calibrated``)
+CALIBRATED_K = 3  # the longest draft whose verification the calibration times in the loop: where a choice is close
+# (drafting barely pays, at batch 16 and more) it is among k = 0-3; longer drafts are priced on from k = 3 at the
+# calibrated price of a token more (``calibrated``)
 EXPLORE_BUDGET = 0.005  # the share of the time the explorations may cost where drafting does not pay, as measured
 EXPLORE_MAX = 16  # ... and they come at least once in this many times explore_every plain steps
 
@@ -190,9 +188,8 @@ class CostOptimalLength(DraftLengthPolicy):
     different processes, the loop's own steps at 23-28% in each, and the policy drafted k = 1, 2, 3 or nothing as its
     table had it (docs/load.md). The chosen steps cannot measure it: a width priced too high is never chosen, so
     never corrected (per-width corrections from chosen steps, tried twice, followed that selection). So, from the
-    second step of its first call at a batch size, the policy takes ``calibration_steps`` steps in rounds drafting
-    k = 0, 1, ..., K, one of each per round (K: ``CALIBRATED_K``, or one past the k it would choose then where that
-    is more, up to k_max), and replaces the table's shape at the rows
+    second step of its first call at a batch size, the policy takes ``calibration_rounds`` rounds of steps drafting
+    k = 0, 1, ..., min(k_max, ``CALIBRATED_K``), one of each per round, and replaces the table's shape at the rows
     fed by the median over the rounds of each width's verification seconds over the plain step's of the same round
     (paired, so that the machine's drifts cancel), wider drafts priced on at its price of a token more
     (``calibrated``). Its plain steps measure a plain step's overhead
@@ -231,7 +228,7 @@ class CostOptimalLength(DraftLengthPolicy):
         costs: CostModel | None = None,
         repeats: int = 3,
         explore_every: int = 16,
-        calibration_steps: int = 64,
+        calibration_rounds: int = 16,
     ):
         self.k_max = check_draft_length("k_max", k_max)
         self.prior_acceptance = check_probability("prior_acceptance", prior_acceptance)
@@ -243,7 +240,7 @@ class CostOptimalLength(DraftLengthPolicy):
             raise TypeError(f"costs must be a specdec.costs.CostModel or None (measured), got {type(costs).__name__}")
         self.repeats = check_draft_length("repeats", repeats)
         self.explore_every = check_draft_length("explore_every", explore_every)
-        self.calibration_steps = check_draft_length("calibration_steps", calibration_steps)
+        self.calibration_rounds = check_draft_length("calibration_rounds", calibration_rounds)
         self.costs = costs
         self.measure: Callable[[int], CostModel] | None = None  # set by ``bind``: times the models at a batch size
         self.target_scale = self.draft_scale = 1.0  # measured / modelled seconds of each model's forwards
@@ -285,22 +282,13 @@ class CostOptimalLength(DraftLengthPolicy):
         self.measure = measure  # a closure: a deep copy of the policy shares it, never copying the models
 
     def schedule_calibration(self) -> None:
-        """Calibrate from the next step after a call's first on (``plan_calibration``), forgetting any earlier one."""
-        self.calibration: list[int] | None = None  # the ks still to draft, in order: rounds of k = 0..K (None: not
-        # planned yet)
+        """Take the calibration's steps from the next step after a call's first on, and forget any earlier one's."""
+        self.calibration = list(range(min(self.k_max, CALIBRATED_K) + 1)) * self.calibration_rounds  # ks still to
+        # draft, in order: rounds of k = 0..K
         self.calibration_seconds: list[float] = []  # the target's seconds in each calibration step taken, NaN where
         # not timed, the loop drafted another k (it shortens drafts near the end), or the rows fed were other than
         self.calibration_rows = 0  # ... the first calibration step's: the rows whose table it corrects
         self.calibrating: int | None = None  # the k of the calibration step asked for; None: not calibrating
-
-    def plan_calibration(self, seconds: np.ndarray) -> None:
-        """The calibration's ks: rounds of k = 0..K, K the larger of ``CALIBRATED_K`` and one past the k the policy
-        would choose now (``seconds``: the steps' modelled seconds at the rows fed), at most k_max; as many rounds as
-        ``calibration_steps`` holds, at least one."""
-        chosen = self.best_of_terms(self.row_rate_terms(), self.steady_rate_terms, seconds)
-        self.calibration_round = min(self.k_max, max(CALIBRATED_K, chosen + 1)) + 1  # steps a round: k = 0..K
-        self.calibration = list(range(self.calibration_round)) * max(self.calibration_steps // self.calibration_round,
-                                                                     1)
 
     def start(self) -> None:
         self.row_successes = self.row_trials = None  # [B'] per row, from the call's first step on
@@ -464,8 +452,6 @@ class CostOptimalLength(DraftLengthPolicy):
     def next_k(self) -> int:
         self.ensure_costs(self.rows_fed)
         seconds = self.all_step_seconds(self.rows_fed)  # [k_max+1] the model's step of each k, at the rows fed
-        if self.calibration is None and not self.first_step:
-            self.plan_calibration(seconds)
         self.calibrating = self.calibration.pop(0) if self.calibration and not self.first_step else None
         explore_now = not self.first_step and self.plain_steps + 1 >= self.explore_interval  # keeps a, costs measured
         self.exploring = self.calibrating is None and (explore_now or self.explore_again)
@@ -578,7 +564,7 @@ class CostOptimalLength(DraftLengthPolicy):
             self.calibration_rows = rows
         self.calibration_seconds.append(seconds if rows == self.calibration_rows else math.nan)
         if not self.calibration:
-            rounds = np.array(self.calibration_seconds).reshape(-1, self.calibration_round)  # [rounds, K + 1]
+            rounds = np.array(self.calibration_seconds).reshape(self.calibration_rounds, -1)  # [rounds, K + 1]
             self.costs = calibrated(self.costs, self.calibration_rows, rounds)
 
     def select_rows(self, index: torch.Tensor) -> None:

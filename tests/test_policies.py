@@ -289,7 +289,7 @@ def test_cost_optimal_estimates_acceptance_per_row_and_follows_rows_that_leave()
 def test_cost_optimal_learns_the_machine_from_step_timings():
     """Steps whose verification takes twice the model's seconds double the target's correction over the steps."""
     costs = costs_growing(per_token=0.0, fixed=1.0, draft=0.1)
-    policy = CostOptimalLength(k_max=4, costs=costs, calibration_steps=4)
+    policy = CostOptimalLength(k_max=4, costs=costs, calibration_rounds=1)
     for _ in range(40):
         k = policy.next_k()
         policy.observe(outcome(k, [k], draft_seconds=0.2 * k, target_seconds=2.0))
@@ -316,7 +316,7 @@ def test_cost_optimal_explores_as_rarely_as_its_measured_cost_asks_and_often_aga
     clock = [0.0]
     monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     policy = CostOptimalLength(k_max=4, prior_acceptance=0.05, costs=costs_growing(per_token=0.5, fixed=10.0),
-                               explore_every=5, calibration_steps=4)
+                               explore_every=5, calibration_rounds=1)
     ks = [step_on_clock(policy, clock, [0, 0]) for _ in range(60)]
     explored = [step + 1 for step, k in enumerate(ks) if k]  # the steps that drafted, counted from 1
     # the calibration's round (k = 0..3) from the second step; after 4 plain steps; then after 39
@@ -359,7 +359,7 @@ def test_cost_optimal_start_forgets_the_rows_and_keeps_the_machine_and_the_batch
 
 def test_cost_optimal_validates_its_settings():
     for kwargs in ({"k_max": 0}, {"prior_acceptance": 1.5}, {"decay": 1.0}, {"batch_decay": 1.0}, {"prior_weight": 0}, {"margin": -0.1},
-                   {"margin": float("inf")}, {"repeats": 0}, {"explore_every": 0}, {"calibration_steps": 0}):
+                   {"margin": float("inf")}, {"repeats": 0}, {"explore_every": 0}, {"calibration_rounds": 0}):
         with pytest.raises(ValueError):
             CostOptimalLength(**kwargs)
     with pytest.raises(TypeError, match="CostModel"):
@@ -385,7 +385,7 @@ def test_cost_optimal_calibrates_its_tables_shape_in_the_loop_and_chooses_by_the
     for loop_as_table in (False, True):
         costs, loop = steep_table_and_cheap_loop()
         seconds = (lambda width: costs.target.at(2, width)) if loop_as_table else loop
-        policy = CostOptimalLength(k_max=5, prior_acceptance=0.9, costs=costs, calibration_steps=12)
+        policy = CostOptimalLength(k_max=5, prior_acceptance=0.9, costs=costs, calibration_rounds=3)
         ks = []
         for _ in range(40):
             k = policy.next_k()
@@ -409,7 +409,7 @@ def test_cost_optimal_calibration_pairs_each_round_and_counts_only_the_rows_and_
     clock = [0.0]
     monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     costs, loop = steep_table_and_cheap_loop()
-    policy = CostOptimalLength(k_max=3, prior_acceptance=0.9, costs=costs, calibration_steps=20)
+    policy = CostOptimalLength(k_max=3, prior_acceptance=0.9, costs=costs, calibration_rounds=5)
     policy.next_k()
     policy.observe(outcome(0, [0, 0]))
     for round_ in range(5):
@@ -430,29 +430,9 @@ def test_cost_optimal_calibration_pairs_each_round_and_counts_only_the_rows_and_
     assert policies.calibrated(costs, 2, untimed) is costs
 
 
-def test_cost_optimal_calibrates_up_to_one_past_the_draft_it_would_choose(monkeypatch):
-    """At one row, where every width costs the same and long drafts pay, the policy would draft k_max = 6: its
-    calibration's rounds run k = 0..6, as many as its steps hold, and find the loop's dip at 5 tokens a row (the
-    embedded target's matrix kernels change with the tokens multiplied) that a calibration of k = 0..3 alone would
-    price on at the calibrated price of a token more."""
-    clock = [0.0]
-    monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    flat = CostModel(CostTable({1: {n: 10.0 for n in range(1, 8)}}), CostTable({1: {1: 0.1, 2: 0.1}}))
-    loop = {n: 8.0 if n == 5 else 10.0 + 0.1 * n for n in range(1, 8)}
-    policy = CostOptimalLength(k_max=6, prior_acceptance=0.9, costs=flat, calibration_steps=16)
-    ks = []
-    for _ in range(15):
-        k = policy.next_k()
-        clock[0] += loop[k + 1]
-        policy.observe(outcome(k, [k], target_seconds=loop[k + 1]))
-        ks.append(k)
-    assert ks[0] == 6 and ks[1:15] == list(range(7)) * 2
-    assert policy.table_seconds(1)[0] == pytest.approx([loop[n] * 10.0 / loop[1] for n in range(1, 8)])
-
-
 def test_cost_optimal_calibrates_again_at_a_batch_it_measures_anew():
     costs, _ = steep_table_and_cheap_loop()
-    policy = CostOptimalLength(k_max=2, costs=costs, calibration_steps=6)
+    policy = CostOptimalLength(k_max=2, costs=costs, calibration_rounds=2)
     policy.measure = lambda rows: CostModel(CostTable({b: {n: 10.0 * n for n in range(1, 4)} for b in (1, 4)}))
     policy.next_k()
     policy.observe(outcome(0, [0, 0]))
@@ -488,7 +468,7 @@ def test_cost_optimal_learns_a_plain_and_a_drafting_steps_overhead_apart(monkeyp
     clock = [0.0]
     monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     costs = costs_growing(per_token=0.0, fixed=1.0, draft=0.1)
-    policy = CostOptimalLength(k_max=4, costs=costs, calibration_steps=8)
+    policy = CostOptimalLength(k_max=4, costs=costs, calibration_rounds=2)
     chosen = []
     for _ in range(30):
         k = policy.next_k()
@@ -496,7 +476,7 @@ def test_cost_optimal_learns_a_plain_and_a_drafting_steps_overhead_apart(monkeyp
         draft, target = 0.1 * k, costs.verify(k, 1)
         clock[0] += draft + target + (0.6 if k else 0.01)
         policy.observe(outcome(k, [k], draft_seconds=draft, target_seconds=target))
-    assert chosen[1:6] == [0, 1, 2, 3, 4] and all(chosen[6:])  # a round of k = 0..4: it would draft 4
+    assert chosen[1:9] == [0, 1, 2, 3] * 2 and all(chosen[9:])
     assert policy.overheads == [pytest.approx(0.01), pytest.approx(0.6)]
     assert policy.step_seconds(0, 1) == pytest.approx(1.01) and policy.step_seconds(2, 1) == pytest.approx(1.8)
 
