@@ -124,7 +124,7 @@ TIE_TOLERANCE = 1e-9  # relative: predicted rates closer than this count as equa
 COST_DECAY = 0.8  # per-step forgetting factor of the online corrections to the cost model
 CALIBRATED_K = 3  # the longest draft whose verification the calibration times in the loop: where a choice is close
 # (drafting barely pays, at batch 16 and more) it is among k = 0-3; longer drafts are priced on from k = 3 at the
-# calibrated price of a token more (``calibrated``)
+# calibrated price of a token more (``calibrated``); one row is not calibrated (``CostOptimalLength``)
 EXPLORE_BUDGET = 0.005  # the share of the time the explorations may cost where drafting does not pay, as measured
 EXPLORE_MAX = 16  # ... and they come at least once in this many times explore_every plain steps
 
@@ -193,7 +193,12 @@ class CostOptimalLength(DraftLengthPolicy):
     fed by the median over the rounds of each width's verification seconds over the plain step's of the same round
     (paired, so that the machine's drifts cancel), wider drafts priced on at its price of a token more
     (``calibrated``). Its plain steps measure a plain step's overhead
-    too. The calibration's steps emit tokens as any step does; they cost what their k loses against the best.
+    too. The calibration's steps emit tokens as any step does; they cost what their k loses against the best. It
+    runs only at steps that feed more than one row: at one row drafting pays by far, the choice is among long drafts
+    whose prices dip beyond 4 tokens a row (the embedded target's 5-token forward cheaper than its 4-token one), and
+    calibrated to k = 3 and priced on from there, the policy drafted k = 3 at 1.24x where fixed k = 4 ran 1.33x
+    (T = 1); calibrated to one past the k it would choose, it ran 0.79 of fixed k = 4 in one process (greedy; cause
+    not found).
     These corrections describe the machine,
     and the batch's acceptance the pair on its data: both carry across calls (the prior seeds the first), so a call
     does not start by drafting from the prior again; each call's rows start from the batch's acceptance.
@@ -452,7 +457,8 @@ class CostOptimalLength(DraftLengthPolicy):
     def next_k(self) -> int:
         self.ensure_costs(self.rows_fed)
         seconds = self.all_step_seconds(self.rows_fed)  # [k_max+1] the model's step of each k, at the rows fed
-        self.calibrating = self.calibration.pop(0) if self.calibration and not self.first_step else None
+        calibrate = self.calibration and not self.first_step and self.rows_fed > 1
+        self.calibrating = self.calibration.pop(0) if calibrate else None
         explore_now = not self.first_step and self.plain_steps + 1 >= self.explore_interval  # keeps a, costs measured
         self.exploring = self.calibrating is None and (explore_now or self.explore_again)
         if self.calibrating is not None:

@@ -403,9 +403,8 @@ def test_cost_optimal_calibrates_its_tables_shape_in_the_loop_and_chooses_by_the
 
 
 def test_cost_optimal_calibration_pairs_each_round_and_counts_only_the_rows_and_ks_it_asked_for(monkeypatch):
-    """A round whose plain step was disturbed (3x) is outvoted by the median; the steps of a round run after a row
-    left (1 row fed, not the 2 of the calibration's first step) and one whose draft the loop shortened count
-    nothing."""
+    """A round whose plain step was disturbed (3x) is outvoted by the median; the steps of a round fed 3 rows (not the
+    2 of the calibration's first step) and one whose draft the loop shortened count nothing."""
     clock = [0.0]
     monkeypatch.setattr(policies, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     costs, loop = steep_table_and_cheap_loop()
@@ -415,19 +414,30 @@ def test_cost_optimal_calibration_pairs_each_round_and_counts_only_the_rows_and_
     for round_ in range(5):
         for k in range(4):
             assert policy.next_k() == k
-            fed, taken = 1 if round_ == 2 else 2, k
+            fed, taken = 3 if round_ == 2 else 2, k
             if round_ == 1 and k == 0:
                 seconds = 3 * loop(1)
             elif round_ == 3 and k == 3:  # the loop drafted 2 near the end of the call
                 taken, seconds = 2, 100.0
             else:
-                seconds = (9.0 if fed == 1 else 1.0) * loop(k + 1)
+                seconds = (9.0 if fed == 3 else 1.0) * loop(k + 1)
             clock[0] += seconds
             policy.observe(outcome(taken, [taken] * fed, target_seconds=seconds))
     assert policy.table_seconds(2)[0] == pytest.approx([10.0, 11.0, 12.0, 13.0])
     untimed = np.full((2, 4), np.nan)
     untimed[:, :3] = [10.0, 11.0, 12.0]  # width 4 never timed at these rows: the table stays as measured
     assert policies.calibrated(costs, 2, untimed) is costs
+
+
+def test_cost_optimal_does_not_calibrate_at_one_row():
+    """One row drafts by the table from its second step on; the calibration waits for a step that feeds more rows."""
+    costs, _ = steep_table_and_cheap_loop()
+    cheap = CostModel(CostTable({b: {n: 10.0 for n in range(1, 7)} for b in (1, 2)}), costs.draft)
+    policy = CostOptimalLength(k_max=5, prior_acceptance=0.9, costs=cheap, calibration_rounds=2)
+    ks = run_policy(policy, [lambda k: [k]] * 6)
+    assert ks == [5] * 6 and len(policy.calibration) == 8
+    ks = run_policy(policy, [lambda k: [k, k]] * 3)
+    assert ks == [5, 0, 1] and len(policy.calibration) == 6
 
 
 def test_cost_optimal_calibrates_again_at_a_batch_it_measures_anew():
@@ -473,9 +483,9 @@ def test_cost_optimal_learns_a_plain_and_a_drafting_steps_overhead_apart(monkeyp
     for _ in range(30):
         k = policy.next_k()
         chosen.append(k)
-        draft, target = 0.1 * k, costs.verify(k, 1)
+        draft, target = 0.1 * k, costs.verify(k, 2)
         clock[0] += draft + target + (0.6 if k else 0.01)
-        policy.observe(outcome(k, [k], draft_seconds=draft, target_seconds=target))
+        policy.observe(outcome(k, [k, k], draft_seconds=draft, target_seconds=target))
     assert chosen[1:9] == [0, 1, 2, 3] * 2 and all(chosen[9:])
     assert policy.overheads == [pytest.approx(0.01), pytest.approx(0.6)]
     assert policy.step_seconds(0, 1) == pytest.approx(1.01) and policy.step_seconds(2, 1) == pytest.approx(1.8)
