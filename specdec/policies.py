@@ -192,15 +192,14 @@ class CostOptimalLength(DraftLengthPolicy):
     k = 0, 1, ..., min(k_max, ``CALIBRATED_K``), one of each per round, and replaces the table's shape at the rows
     fed by the median over the rounds of each width's verification seconds over the plain step's of the same round
     (paired, so that the machine's drifts cancel), wider drafts priced on at its price of a token more
-    (``calibrated``). Its plain steps measure a plain step's overhead
-    too. The calibration's steps emit tokens as any step does; they cost what their k loses against the best. It
-    runs only at steps that feed more than one row: at one row drafting pays by far, the choice is among long drafts
-    whose prices dip beyond 4 tokens a row (the embedded target's 5-token forward cheaper than its 4-token one), and
-    calibrated to k = 3 and priced on from there, the policy drafted k = 3 at 1.24x where fixed k = 4 ran 1.33x
-    (T = 1); calibrated to one past the k it would choose, it ran 0.79 of fixed k = 4 in one process (greedy; cause
-    not found).
-    These corrections describe the machine,
-    and the batch's acceptance the pair on its data: both carry across calls (the prior seeds the first), so a call
+    (``calibrated``). Its plain steps measure a plain step's overhead too. The calibration's steps emit tokens as any
+    step does; they cost what their k loses against the best. It runs only at steps that feed more than one row: at
+    one row drafting pays by far, the choice is among long drafts whose prices dip beyond 4 tokens a row (the
+    embedded target's 5-token forward cheaper than its 4-token one), and calibrated to k = 3 and priced on from
+    there, the policy drafted k = 3 at 1.24x where fixed k = 4 ran 1.33x (T = 1); calibrated to one past the k it
+    would choose, it ran 0.79 of fixed k = 4 in one process (greedy; cause not found). There a plain step's overhead
+    is taken to be a drafting step's until a plain step is observed. These corrections describe the machine, and the
+    batch's acceptance the pair on its data: both carry across calls (the prior seeds the first), so a call
     does not start by drafting from the prior again; each call's rows start from the batch's acceptance.
 
     Acceptance: a step in which a row kept n of k drafts is n successes in n + [n < k] Bernoulli(a) trials (the
