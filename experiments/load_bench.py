@@ -75,7 +75,7 @@ def policy_method(pair: Pair, policy, temperature: float, max_new_tokens: int) -
         ids, mask = left_pad(batch, device=pair.target.device)
         return Decoded.of(decoder.generate(ids, mask, max_new_tokens=max_new_tokens, seed=index))
 
-    return Method(decode)
+    return Method(decode, measuring=lambda: decoder.measuring)
 
 
 def calls_at(batch_size: int, args: argparse.Namespace) -> int:

@@ -115,6 +115,11 @@ class Decoder:
         self.busy = threading.Lock()
 
     @property
+    def measuring(self) -> bool:
+        """Whether the draft-length policy is still measuring the machine (``DraftLengthPolicy.measuring``)."""
+        return self.speculates and self.draft_length.measuring
+
+    @property
     def steps_on_device(self) -> bool:
         """Whether each step runs as one device program: its phases are not timed apart (their seconds are NaN)."""
         return self.device_program is not None

@@ -212,12 +212,18 @@ class DraftLengthPolicy:
     ``should_stop(draft_probs [B, V], active [B])`` after each drafted token but the last; that costs one host sync
     per drafted token, so others pay nothing. ``bind`` shows it the models a speculating ``Decoder`` runs, once;
     ``select_rows`` narrows what it keeps per row when finished rows leave the batch; ``step_costs`` reports what
-    a policy that models step costs predicted and measured over the last call.
+    a policy that models step costs predicted and measured over the last call. ``measuring`` is True while the
+    policy spends its steps measuring the machine rather than choosing (a calibration under way, which a call's end
+    interrupted): a bench's warm-up decodes on until it is False, so that timed calls time the policy's choices.
     """
 
     name: str = "custom"
     stops_drafts: bool = False
     adapts: bool = True  # k may change between steps from what the policy observes (False: one fixed k)
+
+    @property
+    def measuring(self) -> bool:
+        return False
 
     @property
     def max_k(self) -> int:

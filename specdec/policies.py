@@ -272,6 +272,11 @@ class CostOptimalLength(DraftLengthPolicy):
     def max_k(self) -> int:
         return self.k_max
 
+    @property
+    def measuring(self) -> bool:
+        """A calibration begun and not yet done."""
+        return bool(self.calibration_seconds) and bool(self.calibration)
+
     def bind(self, target: torch.nn.Module, drafter, forward: str) -> None:
         """Keep how to measure the costs (where none were given): the target and the drafter's one causal LM."""
         if self.costs is not None and self.costs.draft is not None:

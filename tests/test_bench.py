@@ -321,6 +321,49 @@ def test_run_interleaved_warms_up_each_method_then_rotates_the_order_per_batch()
     assert all(math.isnan(tally.forward_seconds) for tally in tallies.values())  # no models given to time
 
 
+def test_a_method_still_measuring_the_machine_warms_up_until_it_is_done(capsys):
+    """A method measuring the machine after its warm-up call (a policy's calibration under way) is warmed up on the
+    same batch until it is not; one that measures nothing is warmed up once; one that never finishes gets
+    ``SETTLING_CALLS`` calls more and a warning, and its timed calls go ahead."""
+    for measuring_calls, expected_warmups in ((0, 1), (2, 3), (10**6, 1 + harness.SETTLING_CALLS)):
+        calls = []
+
+        def decode(batch, seed):
+            calls.append((batch[0][0], seed))
+            return harness.Decoded([[seed]])
+
+        method = harness.Method(decode, measuring=lambda: 0 < len(calls) <= measuring_calls)
+        tallies = harness.run_interleaved({"policy": method}, [[[10]], [[11]]], TickingClock())
+        assert calls == [(10, 0)] * expected_warmups + [(10, 0), (11, 1)]
+        assert tallies["policy"].outputs == [[[0]], [[1]]]  # the timed calls only
+        warned = "still measures the machine" in capsys.readouterr().err
+        assert warned == (measuring_calls > harness.SETTLING_CALLS)
+
+
+def test_cost_optimal_finishes_its_calibration_in_the_warm_up_at_any_batch_above_one():
+    """Through a real decoder: the calibration (2 rounds of k = 0..3) outlasts a warm-up call of 8 tokens at batch
+    2, so the warm-up goes on until it is done, and the timed calls take no calibration step; at batch 1 it never
+    begins, and one warm-up call is all."""
+    pair = tiny_pair()
+    for rows, calibrated in ((2, True), (1, False)):
+        policy = specdec.CostOptimalLength(k_max=3, calibration_rounds=2)
+        decoder = specdec.Decoder(pair.target, specdec.ModelDrafter(pair.draft), draft_length=policy)
+        seeds = []
+
+        def decode(batch, seed):
+            seeds.append(seed)
+            return harness.Decoded.of(decoder.generate(torch.tensor(batch), None, max_new_tokens=8, seed=seed))
+
+        method = harness.Method(decode, measuring=lambda: decoder.measuring)
+        batch = [[5, 6, 7, 8]] * rows
+        harness.warm_up_method(method, [batch], TickingClock())
+        assert not decoder.measuring
+        assert (not policy.calibration) == calibrated and (len(seeds) > 1) == calibrated
+        before = len(policy.calibration)
+        decode(batch, 1)
+        assert len(policy.calibration) == before  # no calibration step in a timed call
+
+
 def test_calls_from_first_call_take_its_seeds_and_rows_of_the_order():
     """Calls numbered from ``first_call``: call i runs with seed i in row i of the order, so a second process's calls
     (--processes) are new draws at T > 0, not the first process's samples again."""

@@ -213,6 +213,26 @@ def test_sweep_skips_greedy_strategy_when_sampling(tiny, tmp_path, monkeypatch, 
     assert len(message) == 1 and "strategy=greedy" in message[0] and "temperature" in message[0]
 
 
+def test_the_runs_warm_up_lasts_until_cost_optimal_has_calibrated(tiny, tmp_path, monkeypatch):
+    """A calibration (2 rounds of k = 0..3) longer than a warm-up call of 8 tokens at batch 2: the run's warm-up
+    repeats the call until it is done, so the timed calls start from the policy's own choices."""
+    settled = []
+
+    def recording_settle(decode, measuring):
+        added = runner_settle(decode, measuring)
+        settled.append((added, measuring()))
+        return added
+
+    runner_settle = runner.settle
+    monkeypatch.setattr(runner, "settle", recording_settle)
+    main([*tiny_overrides(tiny, batch_size=2, num_prompts=4, warmup=1), "draft_length=cost_optimal",
+          "draft_length.calibration_rounds=2", f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch)
+    assert settled[0] == (0, False)  # the baseline measures nothing
+    added, still_measuring = settled[1]
+    assert added >= 1 and not still_measuring
+    assert len(rows_of(tmp_path / "run")) == 4
+
+
 def test_batched_rows_are_per_prompt(tiny, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     main([*tiny_overrides(tiny, batch_size=4, num_prompts=6, max_new_tokens=6), f"hydra.run.dir={run_dir}"], monkeypatch)

@@ -435,9 +435,11 @@ def test_cost_optimal_does_not_calibrate_at_one_row():
     cheap = CostModel(CostTable({b: {n: 10.0 for n in range(1, 7)} for b in (1, 2)}), costs.draft)
     policy = CostOptimalLength(k_max=5, prior_acceptance=0.9, costs=cheap, calibration_rounds=2)
     ks = run_policy(policy, [lambda k: [k]] * 6)
-    assert ks == [5] * 6 and len(policy.calibration) == 8
+    assert ks == [5] * 6 and len(policy.calibration) == 8 and not policy.measuring
     ks = run_policy(policy, [lambda k: [k, k]] * 3)
-    assert ks == [5, 0, 1] and len(policy.calibration) == 6
+    assert ks == [5, 0, 1] and len(policy.calibration) == 6 and policy.measuring  # begun, not done
+    run_policy(policy, [lambda k: [k, k]] * 6)
+    assert not policy.calibration and not policy.measuring
 
 
 def test_cost_optimal_calibrates_again_at_a_batch_it_measures_anew():
@@ -449,6 +451,7 @@ def test_cost_optimal_calibrates_again_at_a_batch_it_measures_anew():
     assert [policy.next_k() for _ in range(3)] == [0, 1, 2] and len(policy.calibration) == 3
     policy.rows_fed = 4  # a call at a larger batch
     assert policy.next_k() == 0 and max(policy.costs.target.seconds) == 4 and len(policy.calibration) == 5
+    assert not policy.measuring  # the new calibration: its first step asked, none taken yet
 
 
 def test_cost_optimal_at_batch_one_keeps_drafting_through_a_run_of_rejections():

@@ -35,7 +35,7 @@ import specdec
 from experiments.common import rundir
 from experiments.common.concurrency import LiveJobs, host_name, live_jobs_dir
 from experiments.common.config_checks import ConfigError, data_label, data_name, one_line, validate
-from experiments.common.harness import System, compilations
+from experiments.common.harness import System, compilations, settle
 from experiments.common.provenance import (
     code_provenance,
     drafter_weights_hash,
@@ -340,7 +340,8 @@ def decode_prompts(cfg, setting: Setting, todo: list[tuple[int, object]], out_di
                             drafter_weights=side.drafter_weights(), processor=processor_name(device),
                             torch_threads=torch.get_num_threads())
     logger.update_config({"provenance": asdict(provenance)})
-    side.compile_seconds = warm_up(cfg, (baseline.generate, side.warm), encoded, device)
+    side.compile_seconds = warm_up(cfg, ((baseline.generate, lambda: baseline.measuring), (side.warm, side.measuring)),
+                                   encoded, device)
     side.profile(cfg, encoded[0])
     compiled_before = compilations()
 
@@ -403,6 +404,9 @@ class SpecdecSide:
     def warm(self, input_ids, mask, max_new_tokens, eos_token_id, seed) -> None:
         self.decoder.generate(input_ids, mask, max_new_tokens, eos_token_id, seed)
 
+    def measuring(self) -> bool:
+        return self.decoder.measuring
+
     def profile(self, cfg, encoded: tuple[torch.Tensor, torch.Tensor]) -> None:
         self.cost_ratio = profiled_cost_ratio(cfg, self.decoder, encoded, self.k)
 
@@ -426,6 +430,10 @@ class TransformersSide:
 
     def warm(self, input_ids, mask, max_new_tokens, eos_token_id, seed) -> None:
         self.measure(input_ids, mask, max_new_tokens, eos_token_id, seed)
+
+    def measuring(self) -> bool:
+        """transformers' candidate generators measure nothing before they choose."""
+        return False
 
     def drafter_weights(self) -> str | None:
         """Assisted generation drafts with the pair's draft model; transformers' generate drafts nothing."""
@@ -467,7 +475,8 @@ def warm_up(cfg, calls: tuple, encoded: list[tuple[torch.Tensor, torch.Tensor]],
     """``cfg.warmup`` untimed rounds, each decoding with every side's call the widest batch of each batch size in
     the run, EOS ignored, so a compiled decoder compiles before timing every shape it will meet: each batch size,
     caches sized for the longest prompt (later calls reuse them), and every draft length the loop takes near the end
-    of ``max_new_tokens``. Returns the warm-up's seconds for a compiled run (where its compilations happen: reported
+    of ``max_new_tokens``. ``calls`` holds (call, measuring) per side: a call is repeated while its side is still
+    measuring the machine (``settle``). Returns the warm-up's seconds for a compiled run (where its compilations happen: reported
     apart from decode time as ``compile_seconds``), None for an eager one."""
     widest = {}
     for input_ids, mask in encoded:  # [B, T] each
@@ -478,8 +487,9 @@ def warm_up(cfg, calls: tuple, encoded: list[tuple[torch.Tensor, torch.Tensor]],
     start = clock.now()
     for _ in range(cfg.warmup):
         for input_ids, mask in widest.values():
-            for call in calls:
+            for call, measuring in calls:
                 call(input_ids, mask, cfg.max_new_tokens, None, cfg.seed)
+                settle(lambda: call(input_ids, mask, cfg.max_new_tokens, None, cfg.seed), measuring)
     if not cfg.compile:
         return None
     if not cfg.warmup:
