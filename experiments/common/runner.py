@@ -476,8 +476,8 @@ def warm_up(cfg, calls: tuple, encoded: list[tuple[torch.Tensor, torch.Tensor]],
     the run, EOS ignored, so a compiled decoder compiles before timing every shape it will meet: each batch size,
     caches sized for the longest prompt (later calls reuse them), and every draft length the loop takes near the end
     of ``max_new_tokens``. ``calls`` holds (call, measuring) per side: a call is repeated while its side is still
-    measuring the machine (``settle``). Returns the warm-up's seconds for a compiled run (where its compilations happen: reported
-    apart from decode time as ``compile_seconds``), None for an eager one."""
+    measuring the machine (``settle``). Returns the warm-up's seconds for a compiled run (where its compilations
+    happen: reported apart from decode time as ``compile_seconds``), None for an eager one."""
     widest = {}
     for input_ids, mask in encoded:  # [B, T] each
         batch_size = input_ids.shape[0]
