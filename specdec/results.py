@@ -83,7 +83,8 @@ class RunIdentity:
     forward: str = column("the models' forward as configured: `auto`, `lean` or `transformers`")
     stop_at_eos: bool = column("whether a prompt ends at the tokenizer's EOS token")
     threads: int | None = column("torch CPU threads, null for torch's default")
-    warmup: int = column("untimed warm-up rounds before the first timed prompt")
+    warmup: int = column("untimed warm-up rounds before the first timed prompt (a round repeats the speculative call "
+                         "while its policy still measures the machine)")
 
 
 @dataclass(frozen=True)
